@@ -4,8 +4,13 @@ Executable companion to the thesis "Attention Plasticity and the Geometry of
 Long-Context Failure" (University of Geneva, 2026).
 """
 
-from .io import CaptureError, open_capture, open_dataset, save_capture, save_dataset, validate_capture
-
 __version__ = "0.1.0"
 
-__all__ = ["CaptureError", "open_capture", "open_dataset", "save_capture", "save_dataset", "validate_capture"]
+from .io import CaptureError, open_capture, open_dataset, save_capture, save_dataset, validate_capture  # noqa: E402
+from .options import AnalysisOptions  # noqa: E402
+from .analyze import analyze  # noqa: E402
+
+__all__ = [
+    "AnalysisOptions", "CaptureError", "analyze", "open_capture", "open_dataset", "save_capture", "save_dataset",
+    "validate_capture",
+]

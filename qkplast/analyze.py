@@ -1,0 +1,52 @@
+"""One call from a capture to every per-head metric of sections 4.2-4.4."""
+
+from __future__ import annotations
+
+import xarray as xr
+
+from . import __version__
+from .io import validate_capture
+from .options import AnalysisOptions
+from .pca import pca
+from .plasticity import plasticity
+from .rotation import rotation
+
+HEAD_COORDS = ("layer", "q_head", "kv_head", "rope")
+
+
+def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
+    """PCA, planar rotation and attention plasticity of every captured head.
+
+    Parameters
+    ----------
+    capture : xarray.Dataset
+        A capture (see :mod:`qkplast.io`); validated first, so NaN/Inf vectors,
+        wrong dims or a broken GQA mapping are errors.
+    options : AnalysisOptions, optional
+        Base options; keyword ``overrides`` replace single fields
+        (``analyze(cap, covariance="full")``). Unknown names raise ``TypeError``.
+
+    Returns
+    -------
+    xarray.Dataset
+        Per head: ``r_q_pc``, ``r_k_pc``, ``explained_variance_ratio`` (head, pc),
+        ``taxonomy``; ``r_q_a``, ``r_k_a``, ``alpha_q``, ``alpha_k``, ``mu_q_a``,
+        ``bias_strength`` (eq. 4.6), ``plane_variance_fraction``,
+        ``separation_strength``, the axes ``axis_a``/``axis_b``; ``ap``, ``ap_mc``
+        (head, query_bucket), ``ap_overall``, ``ap_first20``, ``ap_last20``,
+        ``ap_drop`` (and ``_mc`` twins), ``ap_context`` and the 2D map ``ap_map``.
+        The head coords of the capture are kept; attrs hold the options, the
+        capture's attrs and the qkplast version.
+    """
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
+    validate_capture(capture)
+    parts = [
+        pca(capture, taxonomy_low=opt.taxonomy_low, taxonomy_high=opt.taxonomy_high, device=opt.device,
+            head_chunk=opt.head_chunk),
+        rotation(capture, device=opt.device, head_chunk=opt.head_chunk),
+        plasticity(capture, opt),
+    ]
+    out = xr.merge(parts, compat="no_conflicts", combine_attrs="drop")
+    out = out.assign_coords({name: ("head", capture[name].values) for name in HEAD_COORDS})
+    out.attrs = {"qkplast_version": __version__, "options": opt.to_dict(), "capture": dict(capture.attrs)}
+    return out

@@ -1,0 +1,101 @@
+"""PCA of the pooled query+key cloud of each head (thesis section 4.2).
+
+For each head the query and key vectors are pooled into one cloud; its principal
+components are found, and each component's projection is correlated with token
+position separately for queries (``r_q``) and keys (``r_k``). The sign of each
+component is fixed so that the larger of ``|r_q|``, ``|r_k|`` is positive. The
+taxonomy uses ``(r_q^(0), r_k^(0))`` on the first component.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xarray as xr
+
+from ._torch import as_f64, head_chunks, resolve_device, to_numpy
+from .stats import covariance, covariance_with
+
+TAXONOMY = ("position-dominated", "q-positional", "content-focused", "mixed")
+
+
+@dataclass
+class PCAResult:
+    explained_variance_ratio: torch.Tensor  # [head, pc]
+    r_q: torch.Tensor  # [head, pc]
+    r_k: torch.Tensor  # [head, pc]
+    components: torch.Tensor  # [head, pc, dim], sign-canonicalised
+
+
+def pca_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> PCAResult:
+    """PCA of pooled Q+K per head with position correlations.
+
+    Parameters
+    ----------
+    q, k : Tensor ``[head, sample, dim]`` (float64)
+    t : Tensor ``[sample]`` token positions
+
+    Notes
+    -----
+    Correlations use moments rather than projected samples:
+    ``Cov(x^T v, t) = Cov(x, t)^T v`` and ``Var(x^T v) = v^T Cov(x) v``.
+    """
+    x = torch.cat([q, k], dim=1)  # [head, 2*sample, dim]
+    evals, evecs = torch.linalg.eigh(covariance(x))  # ascending; evecs [head, dim, pc]
+    evals, evecs = evals.flip(-1).clamp_min(0), evecs.flip(-1)
+    evr = evals / evals.sum(-1, keepdim=True)  # [head, pc]
+
+    def corr(y):
+        cov_t = torch.einsum("hd,hdp->hp", covariance_with(y, t), evecs)  # [head, pc]
+        var = torch.einsum("hdp,hde,hep->hp", evecs, covariance(y), evecs).clamp_min(0)
+        var_t = t.var()
+        den = torch.sqrt(var * var_t)
+        return torch.where(den > 0, cov_t / den, torch.full_like(cov_t, float("nan")))
+
+    r_q, r_k = corr(q), corr(k)
+    dominant = torch.where(r_q.abs() >= r_k.abs(), r_q, r_k)
+    sign = torch.where(dominant < 0, -1.0, 1.0).to(q.dtype)  # [head, pc]
+    return PCAResult(evr, r_q * sign, r_k * sign, (evecs * sign[:, None, :]).transpose(-1, -2))
+
+
+def classify(r_q0: np.ndarray, r_k0: np.ndarray, low: float = 0.3, high: float = 0.7) -> np.ndarray:
+    """Head taxonomy of section 4.2.2 from the correlations on PC0.
+
+    ``position-dominated``: both ``|r| > high``; ``q-positional``: ``|r_q| > high``
+    only; ``content-focused``: both ``|r| < low``; ``mixed``: the rest (the
+    thesis has no key-positional class: ``|r_k| > high >= |r_q|`` is mixed).
+    """
+    aq, ak = np.abs(r_q0), np.abs(r_k0)
+    out = np.full(aq.shape, "mixed", dtype=object)
+    out[(aq < low) & (ak < low)] = "content-focused"
+    out[(aq > high) & ~(ak > high)] = "q-positional"
+    out[(aq > high) & (ak > high)] = "position-dominated"
+    return out.astype(str)
+
+
+def pca(capture: xr.Dataset, *, taxonomy_low: float = 0.3, taxonomy_high: float = 0.7, device="auto",
+        head_chunk: int = 32, keep_components: bool = False) -> xr.Dataset:
+    """PCA metrics per head: ``explained_variance_ratio``, ``r_q_pc``, ``r_k_pc`` (dims head, pc), ``taxonomy``."""
+    dev = resolve_device(device)
+    t = as_f64(capture["position"], dev)
+    parts = []
+    for sl in head_chunks(capture.sizes["head"], head_chunk):
+        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)
+        parts.append(pca_kernel(q, k, t))
+    cat = lambda name: to_numpy(torch.cat([getattr(p, name) for p in parts]))  # noqa: E731
+    r_q, r_k = cat("r_q"), cat("r_k")
+    out = xr.Dataset(
+        {
+            "explained_variance_ratio": (("head", "pc"), cat("explained_variance_ratio")),
+            "r_q_pc": (("head", "pc"), r_q),
+            "r_k_pc": (("head", "pc"), r_k),
+            "taxonomy": ("head", classify(r_q[:, 0], r_k[:, 0], taxonomy_low, taxonomy_high)),
+        },
+        coords={"pc": np.arange(r_q.shape[1])},
+    )
+    if keep_components:
+        out["components"] = (("head", "pc", "dim"), cat("components"))
+    out["taxonomy"].attrs["thresholds"] = [taxonomy_low, taxonomy_high]
+    return out

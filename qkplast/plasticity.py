@@ -1,0 +1,410 @@
+"""Attention plasticity: closed form and Monte Carlo (thesis section 4.4).
+
+Pipeline per head, vectorised over heads, query buckets and key pairs:
+
+1. Householder reflection ``H`` sending the query drift direction
+   ``beta_hat`` (slopes of queries regressed on position) to ``e1`` (eq. 4.10),
+   applied to queries and keys alike (it preserves every ``q^T k``).
+2. Positional fit of rotated coordinate 1: ``alpha_pos + beta_pos t``, residual
+   variance ``sigma_pos^2``; semantic statistics of coordinates 2..d per query
+   bucket (mu_b, sigma_b^2).
+3. Key pairs ``(i, j)`` from earlier buckets of one document (shared by all
+   heads, since every head is captured at the same positions), with
+   ``delta = H k_i - H k_j``.
+4. Closed form (eqs. 4.11-4.14): ``mu = delta^T m_b``, ``v = delta^T S_b delta``,
+   ``PP = 4 Phi(z) Phi(-z)`` with ``z = mu / sqrt(v)``; the product form keeps
+   full relative precision when ``Phi(z)`` rounds to 1, where ``4 p (1 - p)``
+   would return 0.
+5. Monte Carlo: for the same pairs, the fraction ``p`` of the bucket's captured
+   queries with ``q^T k_i > q^T k_j`` (ties count one half), giving
+   ``4 p (1 - p)`` with no Gaussian assumption.
+6. Aggregates of 4.4.5: ``ap`` per query bucket, ``ap_overall``,
+   ``ap_first20``, ``ap_last20``, ``ap_drop``, the context profile, and the 2D
+   map over inter-key distance and query-to-key-midpoint distance.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xarray as xr
+
+from ._torch import as_f64, head_chunks, resolve_device, to_numpy
+from .linalg import householder_apply, householder_vector
+from .options import AnalysisOptions
+from .stats import slope
+
+
+class PlasticityWarning(UserWarning):
+    """A documented NaN: a bucket or pair whose plasticity is undefined."""
+
+
+# --------------------------------------------------------------------------- pairs
+
+
+@dataclass
+class KeyPairs:
+    """Key pairs per query bucket, as sample indices shared by every head.
+
+    ``i``, ``j``, ``valid`` are ``[query_bucket, pair]``; padded entries have
+    ``valid=False``. ``tau`` is the representative position of each query bucket.
+    """
+
+    i: np.ndarray
+    j: np.ndarray
+    valid: np.ndarray
+    tau: np.ndarray
+    n_admissible: np.ndarray  # [query_bucket] admissible pairs before sampling
+
+
+def bucket_layout(capture: xr.Dataset, query_position: str = "midpoint"):
+    """Query buckets, their representative positions tau, widths and query counts."""
+    seq_len, size = int(capture.attrs["seq_len"]), int(capture.attrs["bucket_size"])
+    n_bucket = -(-seq_len // size)
+    buckets = np.arange(n_bucket)
+    width = np.minimum((buckets + 1) * size, seq_len) - buckets * size
+    bucket = capture["bucket"].values
+    counts = np.bincount(bucket, minlength=n_bucket)
+    if query_position == "midpoint":
+        tau = buckets * size + width / 2.0
+    else:
+        sums = np.bincount(bucket, weights=capture["position"].values.astype(float), minlength=n_bucket)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tau = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return buckets, tau, width, counts
+
+
+def sample_key_pairs(capture: xr.Dataset, options: AnalysisOptions) -> KeyPairs:
+    """Draw key pairs per query bucket (the same for every head).
+
+    Admissible pairs for query bucket ``j``: two distinct samples whose keys are
+    eligible (``options.eligible_keys``) and, with ``pair_docs="same"``, from one
+    document. When there are at most ``n_pairs`` of them all are kept;
+    otherwise ``n_pairs`` are drawn uniformly (with replacement) by first
+    choosing a document with probability proportional to its pair count.
+    """
+    _, tau, _, _ = bucket_layout(capture, options.query_position)
+    rng = np.random.default_rng(options.seed)
+    pos, bucket = capture["position"].values, capture["bucket"].values
+    docs = capture["doc"].values if options.pair_docs == "same" else np.zeros(pos.shape, dtype=int)
+    _, doc_code = np.unique(docs, return_inverse=True)
+    n_bucket, n_pairs = len(tau), options.n_pairs
+    out_i = np.zeros((n_bucket, n_pairs), dtype=np.int64)
+    out_j = np.zeros((n_bucket, n_pairs), dtype=np.int64)
+    valid = np.zeros((n_bucket, n_pairs), dtype=bool)
+    n_adm = np.zeros(n_bucket, dtype=np.int64)
+    for qb in range(n_bucket):  # a loop over buckets only: pairs are drawn vectorised
+        if options.eligible_keys == "earlier_buckets":
+            eligible = np.flatnonzero(bucket < qb)
+        else:
+            eligible = np.flatnonzero(pos < tau[qb]) if np.isfinite(tau[qb]) else np.array([], dtype=np.int64)
+        if eligible.size < 2:
+            continue
+        order = eligible[np.argsort(doc_code[eligible], kind="stable")]  # grouped by document
+        _, start, count = np.unique(doc_code[order], return_index=True, return_counts=True)
+        per_doc = count * (count - 1) // 2
+        n_adm[qb] = per_doc.sum()
+        if n_adm[qb] == 0:
+            continue
+        if n_adm[qb] <= n_pairs:
+            # every admissible pair, enumerated per document by its upper triangle
+            ii, jj = [], []
+            for s, c in zip(start[per_doc > 0], count[per_doc > 0]):
+                a, b = np.triu_indices(c, 1)
+                ii.append(order[s + a]), jj.append(order[s + b])
+            ii, jj = np.concatenate(ii), np.concatenate(jj)
+        else:
+            d = rng.choice(len(count), size=n_pairs, p=per_doc / per_doc.sum())
+            a = rng.integers(0, count[d])
+            b = rng.integers(0, count[d] - 1)
+            b = b + (b >= a)  # a distinct second key
+            ii, jj = order[start[d] + a], order[start[d] + b]
+        m = len(ii)
+        out_i[qb, :m], out_j[qb, :m], valid[qb, :m] = ii, jj, True
+    return KeyPairs(out_i, out_j, valid, tau, n_adm)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def pairwise_plasticity(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """``4 Phi(z) Phi(-z)`` with ``z = mu / sqrt(var)`` (eq. 4.14); NaN where ``var <= 0``.
+
+    Written as a product of the two tails so that neither side underflows
+    before the result does: for z = 10, ``4 p (1 - p)`` with ``p = Phi(z)``
+    returns exactly 0 while this returns 3.0e-23.
+    """
+    ok = var > 0
+    z = mu / torch.sqrt(torch.where(ok, var, torch.ones_like(var)))
+    pp = 4 * torch.special.ndtr(z) * torch.special.ndtr(-z)
+    return torch.where(ok, pp, torch.full_like(pp, float("nan")))
+
+
+@dataclass
+class QueryModel:
+    """Per-head, per-bucket Gaussian model of rotated queries: mean ``[head, bucket, dim]`` and
+    covariance, either its diagonal ``[head, bucket, dim]`` or full ``[head, bucket, dim, dim]``."""
+
+    mean: torch.Tensor
+    cov: torch.Tensor
+    full: bool
+    alpha_pos: torch.Tensor  # [head]
+    beta_pos: torch.Tensor  # [head]
+    sigma2_pos: torch.Tensor  # [head]
+
+
+def query_model(qr: torch.Tensor, t: torch.Tensor, onehot: torch.Tensor, tau: torch.Tensor,
+                options: AnalysisOptions) -> QueryModel:
+    """Gaussian model of rotated queries per bucket (eqs. 4.11-4.12 and the options).
+
+    ``qr`` ``[head, sample, dim]`` rotated queries, ``onehot`` ``[bucket, sample]``
+    bucket membership, ``tau`` ``[bucket]``.
+    """
+    n = onehot.sum(1)  # [bucket]
+    denom = (n - 1).clamp_min(1)
+    mean_b = torch.einsum("bs,hsd->hbd", onehot, qr) / n.clamp_min(1)[:, None]  # [head, bucket, dim]
+    # each sample minus the mean of its own bucket (two-pass variance, no E[x^2] - E[x]^2 cancellation)
+    resid = qr - torch.einsum("bs,hbd->hsd", onehot, mean_b)  # [head, sample, dim]
+    full = options.covariance in ("full", "joint")
+    if full:
+        cov_b = torch.einsum("bs,hsd,hse->hbde", onehot, resid, resid) / denom[:, None, None]
+    else:
+        cov_b = torch.einsum("bs,hsd->hbd", onehot, resid * resid) / denom[:, None]
+    if options.semantic_stats == "global":
+        mean_g, cq = qr.mean(1), qr - qr.mean(1, keepdim=True)
+        cov_g = cq.transpose(1, 2) @ cq / (qr.shape[1] - 1) if full else cq.var(1)
+        mean_b = mean_g[:, None].expand_as(mean_b).clone()
+        cov_b = cov_g[:, None].expand_as(cov_b).clone()
+    # Coordinate 1: global linear fit in position (eq. 4.11) unless per-bucket moments are asked for.
+    q1 = qr[..., 0]  # [head, sample]
+    beta_pos = slope(q1[..., None], t)[..., 0]
+    alpha_pos = q1.mean(-1) - beta_pos * t.mean()
+    res = q1 - alpha_pos[:, None] - beta_pos[:, None] * t
+    sigma2_pos = (res * res).sum(-1) / (qr.shape[1] - 2)
+    if options.positional_fit == "global":
+        mean_b[..., 0] = alpha_pos[:, None] + beta_pos[:, None] * tau
+        if full:
+            cov_b[..., 0, :] = 0.0
+            cov_b[..., :, 0] = 0.0
+            cov_b[..., 0, 0] = sigma2_pos[:, None]
+        else:
+            cov_b[..., 0] = sigma2_pos[:, None]
+    elif options.covariance == "full":  # per-bucket moments of coordinate 1, still independent of 2..d
+        var1 = cov_b[..., 0, 0].clone()
+        cov_b[..., 0, :] = 0.0
+        cov_b[..., :, 0] = 0.0
+        cov_b[..., 0, 0] = var1
+    return QueryModel(mean_b, cov_b, full, alpha_pos, beta_pos, sigma2_pos)
+
+
+def closed_form_kernel(delta: torch.Tensor, model: QueryModel) -> torch.Tensor:
+    """Pairwise plasticity ``[head, bucket, pair]`` from key differences ``delta`` ``[head, bucket, pair, dim]``."""
+    mu = torch.einsum("hbpd,hbd->hbp", delta, model.mean)  # eq. 4.11
+    if model.full:
+        var = torch.einsum("hbpd,hbde,hbpe->hbp", delta, model.cov, delta)  # Lemma A.1 variance
+    else:
+        var = torch.einsum("hbpd,hbd->hbp", delta * delta, model.cov)  # eq. 4.12
+    return pairwise_plasticity(mu, var)
+
+
+def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor, qmask: torch.Tensor,
+                       unbiased: bool = True) -> torch.Tensor:
+    """Empirical pairwise plasticity ``[head, bucket, pair]`` from the bucket's own queries.
+
+    ``qidx``/``qmask`` ``[bucket, n_max]`` list each bucket's query samples (padded).
+    """
+    qb = qr[:, qidx]  # [head, bucket, n_max, dim]
+    score = torch.einsum("hbnd,hbpd->hbnp", qb, delta)  # [head, bucket, n_max, pair]
+    win = (score > 0).to(qr.dtype) + 0.5 * (score == 0).to(qr.dtype)
+    m = qmask[None, :, :, None].to(qr.dtype)
+    n = qmask.sum(1).to(qr.dtype)[None, :, None]  # [1, bucket, 1]
+    p = (win * m).sum(2) / n.clamp_min(1)
+    pp = 4 * p * (1 - p)
+    if unbiased:
+        pp = pp * n / (n - 1).clamp_min(1)
+    return torch.where(n >= 2, pp, torch.full_like(pp, float("nan")))
+
+
+# --------------------------------------------------------------------------- public
+
+
+def _nanmean(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    ok = mask & ~torch.isnan(x)
+    s = torch.where(ok, x, torch.zeros_like(x)).sum(dim)
+    c = ok.sum(dim)
+    return torch.where(c > 0, s / c.clamp_min(1), torch.full_like(s, float("nan")))
+
+
+def _weighted_nanmean(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    ok = ~np.isnan(x) & (w > 0)
+    ws = np.where(ok, w, 0.0).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ws > 0, np.where(ok, x * w, 0.0).sum(-1) / ws, np.nan)
+
+
+def _edge_masks(tau: np.ndarray, seq_len: int, options: AnalysisOptions):
+    n = len(tau)
+    if options.edge_rule == "position":
+        frac = tau / seq_len
+        return frac < options.edge_fraction, frac >= 1 - options.edge_fraction
+    m = math.ceil(options.edge_fraction * n)
+    idx = np.arange(n)
+    return idx < m, idx >= n - m
+
+
+def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
+    """Closed-form and Monte Carlo attention plasticity per head and query bucket.
+
+    Returns a Dataset with ``ap``, ``ap_mc`` (dims ``head, query_bucket``);
+    ``ap_overall``, ``ap_first20``, ``ap_last20``, ``ap_drop`` and their ``_mc``
+    twins (``head``); ``ap_context`` (``head, context_bin``); ``ap_map``,
+    ``ap_mc_map`` (``head, key_distance, query_distance``) with ``map_count``;
+    the positional fit ``alpha_pos``, ``beta_pos``, ``sigma2_pos``.
+    NaN marks a bucket without admissible pairs or with too few queries, with a
+    :class:`PlasticityWarning` naming the bucket.
+    """
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
+    dev = resolve_device(opt.device)
+    seq_len = int(capture.attrs["seq_len"])
+    buckets, tau_np, width, counts = bucket_layout(capture, opt.query_position)
+    pairs = sample_key_pairs(capture, opt)
+    n_bucket = len(buckets)
+
+    few = (counts < opt.min_bucket_samples) & (counts > 0) | (counts == 0)
+    no_pairs = ~pairs.valid.any(1)
+    if few.any():
+        warnings.warn(
+            f"query buckets {buckets[few].tolist()} have fewer than {opt.min_bucket_samples} queries "
+            f"(counts {counts[few].tolist()}): their plasticity is NaN for all heads",
+            PlasticityWarning, stacklevel=2,
+        )
+    if (no_pairs & ~few).any():
+        warnings.warn(
+            f"query buckets {buckets[no_pairs & ~few].tolist()} have fewer than two eligible keys "
+            f"(eligible_keys={opt.eligible_keys!r}, pair_docs={opt.pair_docs!r}): their plasticity is NaN for all heads",
+            PlasticityWarning, stacklevel=2,
+        )
+    bucket_ok = torch.as_tensor(~few, device=dev)
+
+    t = as_f64(capture["position"], dev)
+    bucket = torch.as_tensor(capture["bucket"].values, device=dev)
+    onehot = (bucket[None, :] == torch.arange(n_bucket, device=dev)[:, None]).to(torch.float64)  # [bucket, sample]
+    n_max = max(int(counts.max()), 1)
+    qidx = np.zeros((n_bucket, n_max), dtype=np.int64)
+    qmask = np.zeros((n_bucket, n_max), dtype=bool)
+    for b in range(n_bucket):
+        members = np.flatnonzero(capture["bucket"].values == b)
+        qidx[b, : len(members)], qmask[b, : len(members)] = members, True
+    qidx_t, qmask_t = torch.as_tensor(qidx, device=dev), torch.as_tensor(qmask, device=dev)
+    pi, pj = torch.as_tensor(pairs.i, device=dev), torch.as_tensor(pairs.j, device=dev)
+    pvalid = torch.as_tensor(pairs.valid, device=dev) & bucket_ok[:, None]  # [bucket, pair]
+    tau = as_f64(pairs.tau, dev)
+
+    # 2D map coordinates are position-only, hence shared by all heads.
+    pos = capture["position"].values.astype(float)
+    key_dist = np.abs(pos[pairs.i] - pos[pairs.j])  # [bucket, pair]
+    q_dist = pairs.tau[:, None] - 0.5 * (pos[pairs.i] + pos[pairs.j])
+    edges = np.linspace(0.0, seq_len, opt.map_bins + 1)
+    kb = np.clip(np.digitize(key_dist, edges) - 1, 0, opt.map_bins - 1)
+    qb_ = np.clip(np.digitize(q_dist, edges) - 1, 0, opt.map_bins - 1)
+    cell = torch.as_tensor(kb * opt.map_bins + qb_, device=dev).reshape(-1)  # [bucket*pair]
+
+    ap, ap_mc, maps, maps_mc, fits = [], [], [], [], []
+    n_bad_var = 0
+    for sl in head_chunks(capture.sizes["head"], opt.head_chunk):
+        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)  # [head, sample, dim]
+        beta = slope(q, t)  # [head, dim]  query drift, eq. 4.10
+        if (torch.linalg.vector_norm(beta, dim=-1) == 0).any():
+            raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
+        u = householder_vector(beta)
+        qr, kr = householder_apply(u, q), householder_apply(u, k)
+        model = query_model(qr, t, onehot, tau, opt)
+        delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
+        pp = closed_form_kernel(delta, model)
+        n_bad_var += int((torch.isnan(pp) & pvalid).sum())
+        pp_mc = monte_carlo_kernel(qr, delta, qidx_t, qmask_t, opt.mc_unbiased)
+        ap.append(_nanmean(pp, pvalid, -1))
+        ap_mc.append(_nanmean(pp_mc, pvalid, -1))
+        for src, dst in ((pp, maps), (pp_mc, maps_mc)):
+            flat = src.reshape(src.shape[0], -1)
+            ok = (pvalid.reshape(-1)[None] & ~torch.isnan(flat)).to(torch.float64)
+            s = torch.zeros(src.shape[0], opt.map_bins**2, dtype=torch.float64, device=dev)
+            c = torch.zeros_like(s)
+            s.index_add_(1, cell, torch.nan_to_num(flat) * ok)
+            c.index_add_(1, cell, ok)
+            dst.append((s, c))
+        fits.append(torch.stack([model.alpha_pos, model.beta_pos, model.sigma2_pos], -1))
+    if n_bad_var:
+        warnings.warn(f"{n_bad_var} (head, pair) combinations have zero score variance (identical keys "
+                      "or degenerate queries); they are left out of the averages", PlasticityWarning, stacklevel=2)
+
+    ap = to_numpy(torch.cat(ap))  # [head, bucket]
+    ap_mc = to_numpy(torch.cat(ap_mc))
+    first, last = _edge_masks(pairs.tau, seq_len, opt)
+    weight = {"tokens": width.astype(float), "samples": counts.astype(float), "uniform": np.ones(n_bucket)}[opt.bucket_weight]
+    frac = pairs.tau / seq_len
+    ctx_edges = np.linspace(0, 1, opt.context_bins + 1)
+    ctx = np.clip(np.digitize(frac, ctx_edges) - 1, 0, opt.context_bins - 1)
+
+    def aggregates(a, suffix):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are reported as NaN by design
+            f20 = np.nanmean(np.where(first, a, np.nan), -1)
+            l20 = np.nanmean(np.where(last, a, np.nan), -1)
+            prof = np.stack([np.nanmean(np.where(ctx == c, a, np.nan), -1) for c in range(opt.context_bins)], -1)
+        return {
+            f"ap_overall{suffix}": ("head", _weighted_nanmean(a, weight)),
+            f"ap_first20{suffix}": ("head", f20),
+            f"ap_last20{suffix}": ("head", l20),
+            f"ap_drop{suffix}": ("head", f20 - l20),
+            f"ap_context{suffix}": (("head", "context_bin"), prof),
+        }
+
+    def finish_map(parts):
+        s = to_numpy(torch.cat([p[0] for p in parts]))
+        c = to_numpy(torch.cat([p[1] for p in parts]))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = np.where(c > 0, s / np.maximum(c, 1), np.nan)
+        shape = (-1, opt.map_bins, opt.map_bins)
+        return m.reshape(shape), c[0].reshape(shape[1:])
+
+    ap_map, count = finish_map(maps)
+    ap_mc_map, _ = finish_map(maps_mc)
+    fit = to_numpy(torch.cat(fits))
+    centers = 0.5 * (edges[1:] + edges[:-1])
+    ds = xr.Dataset(
+        {
+            "ap": (("head", "query_bucket"), ap),
+            "ap_mc": (("head", "query_bucket"), ap_mc),
+            **aggregates(ap, ""),
+            **aggregates(ap_mc, "_mc"),
+            "ap_map": (("head", "key_distance", "query_distance"), ap_map),
+            "ap_mc_map": (("head", "key_distance", "query_distance"), ap_mc_map),
+            "map_count": (("key_distance", "query_distance"), count),
+            "alpha_pos": ("head", fit[:, 0]),
+            "beta_pos": ("head", fit[:, 1]),
+            "sigma2_pos": ("head", fit[:, 2]),
+        },
+        coords={
+            "query_bucket": buckets,
+            "tau": ("query_bucket", pairs.tau),
+            "n_queries": ("query_bucket", counts),
+            "n_pairs": ("query_bucket", pairs.valid.sum(1)),
+            "n_admissible_pairs": ("query_bucket", pairs.n_admissible),
+            "bucket_weight": ("query_bucket", weight),
+            "in_first20": ("query_bucket", first),
+            "in_last20": ("query_bucket", last),
+            "context_bin": np.arange(opt.context_bins),
+            "context_lo": ("context_bin", ctx_edges[:-1]),
+            "context_hi": ("context_bin", ctx_edges[1:]),
+            "key_distance": centers,
+            "query_distance": centers,
+        },
+    )
+    ds["ap"].attrs["meaning"] = "mean Gaussian closed-form pairwise plasticity 4 Phi(z) Phi(-z) over key pairs (eqs. 4.11-4.14)"
+    ds["ap_mc"].attrs["meaning"] = "mean empirical 4 p (1-p) from the bucket's captured queries, same key pairs"
+    return ds
