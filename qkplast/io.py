@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 __all__ = [
@@ -116,11 +117,10 @@ def validate_capture(ds: xr.Dataset, *, check_finite: bool = True) -> xr.Dataset
             f"bucket != position // bucket_size ({bucket_size}) at {bad.size} samples, first sample {bad[0]} "
             f"(position {pos[bad[0]]}, bucket {ds['bucket'].values[bad[0]]})"
         )
-    keys = np.char.add(np.char.add(ds["doc"].values.astype(str), "\x00"), pos.astype(str))
-    uniq, counts = np.unique(keys, return_counts=True)
-    if (counts > 1).any():
-        dup = uniq[counts > 1][0].split("\x00")
-        raise CaptureError(f"sample (doc {dup[0]!r}, position {dup[1]}) appears more than once")
+    dup = pd.DataFrame({"doc": ds["doc"].values, "position": pos}).duplicated()
+    if dup.any():
+        s = int(np.flatnonzero(dup.to_numpy())[0])
+        raise CaptureError(f"sample (doc {str(ds['doc'].values[s])!r}, position {pos[s]}) appears more than once")
     n_q, n_kv = int(ds.attrs["n_q_heads"]), int(ds.attrs["n_kv_heads"])
     if n_kv <= 0 or n_q % n_kv:
         raise CaptureError(f"n_q_heads ({n_q}) must be a positive multiple of n_kv_heads ({n_kv})")

@@ -39,6 +39,9 @@ from .options import AnalysisOptions
 from .stats import slope
 
 
+_SQRT1_2 = 1 / math.sqrt(2)
+
+
 class PlasticityWarning(UserWarning):
     """A documented NaN: a bucket or pair whose plasticity is undefined."""
 
@@ -131,16 +134,25 @@ def sample_key_pairs(capture: xr.Dataset, options: AnalysisOptions) -> KeyPairs:
 # --------------------------------------------------------------------------- kernels
 
 
+def ndtr(z: torch.Tensor) -> torch.Tensor:
+    """Standard normal CDF accurate in the lower tail.
+
+    ``torch.special.ndtr`` goes through ``1 + erf``, which cancels for z < -5:
+    it returns 0 at z = -10 where Phi is 7.6e-24. ``erfc`` has no such loss.
+    """
+    return 0.5 * torch.special.erfc(-z * _SQRT1_2)
+
+
 def pairwise_plasticity(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     """``4 Phi(z) Phi(-z)`` with ``z = mu / sqrt(var)`` (eq. 4.14); NaN where ``var <= 0``.
 
     Written as a product of the two tails so that neither side underflows
     before the result does: for z = 10, ``4 p (1 - p)`` with ``p = Phi(z)``
-    returns exactly 0 while this returns 3.0e-23.
+    returns exactly 0 while this returns 3.0e-23 (Phi from ``erfc``, see :func:`ndtr`).
     """
     ok = var > 0
     z = mu / torch.sqrt(torch.where(ok, var, torch.ones_like(var)))
-    pp = 4 * torch.special.ndtr(z) * torch.special.ndtr(-z)
+    pp = 4 * ndtr(z) * ndtr(-z)
     return torch.where(ok, pp, torch.full_like(pp, float("nan")))
 
 
@@ -227,6 +239,23 @@ def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor
     if unbiased:
         pp = pp * n / (n - 1).clamp_min(1)
     return torch.where(n >= 2, pp, torch.full_like(pp, float("nan")))
+
+
+def closed_form(q, k, t, onehot, tau, pi, pj, options: AnalysisOptions):
+    """Householder rotation, query model and closed-form pairwise plasticity for a chunk of heads.
+
+    ``q``, ``k`` ``[head, sample, dim]``; ``pi``, ``pj`` ``[bucket, pair]`` sample indices.
+    Returns rotated queries, key differences ``[head, bucket, pair, dim]``, the
+    :class:`QueryModel` and pairwise plasticity ``[head, bucket, pair]``.
+    """
+    beta = slope(q, t)  # [head, dim]  query drift, eq. 4.10
+    if (torch.linalg.vector_norm(beta, dim=-1) == 0).any():
+        raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
+    u = householder_vector(beta)
+    qr, kr = householder_apply(u, q), householder_apply(u, k)  # [head, sample, dim]
+    model = query_model(qr, t, onehot, tau, options)
+    delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
+    return qr, delta, model, closed_form_kernel(delta, model)
 
 
 # --------------------------------------------------------------------------- public
@@ -317,14 +346,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     n_bad_var = 0
     for sl in head_chunks(capture.sizes["head"], opt.head_chunk):
         q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)  # [head, sample, dim]
-        beta = slope(q, t)  # [head, dim]  query drift, eq. 4.10
-        if (torch.linalg.vector_norm(beta, dim=-1) == 0).any():
-            raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
-        u = householder_vector(beta)
-        qr, kr = householder_apply(u, q), householder_apply(u, k)
-        model = query_model(qr, t, onehot, tau, opt)
-        delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
-        pp = closed_form_kernel(delta, model)
+        qr, delta, model, pp = closed_form(q, k, t, onehot, tau, pi, pj, opt)
         n_bad_var += int((torch.isnan(pp) & pvalid).sum())
         pp_mc = monte_carlo_kernel(qr, delta, qidx_t, qmask_t, opt.mc_unbiased)
         ap.append(_nanmean(pp, pvalid, -1))

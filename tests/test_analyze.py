@@ -1,0 +1,75 @@
+"""qkplast.analyze: the documented metrics, labels and attrs; invariances; input validation."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import qkplast
+from qkplast.plasticity import PlasticityWarning
+from qkplast.synthetic import planted_capture, random_orthogonal
+
+REQUIRED = {
+    ("head", "pc"): ["r_q_pc", "r_k_pc", "explained_variance_ratio"],
+    ("head",): ["taxonomy", "r_q_a", "r_k_a", "alpha_q", "alpha_k", "mu_q_a", "bias_strength",
+                "plane_variance_fraction", "separation_strength", "ap_overall", "ap_first20", "ap_last20", "ap_drop"],
+    ("head", "query_bucket"): ["ap", "ap_mc"],
+    ("head", "key_distance", "query_distance"): ["ap_map", "ap_mc_map"],
+}
+
+
+@pytest.fixture(scope="module")
+def result():
+    cap, _ = planted_capture(n_heads=5, dim=16, n_docs=24, samples_per_bucket=4, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        return cap, qkplast.analyze(cap, n_pairs=64)
+
+
+def test_has_every_documented_variable(result):
+    cap, m = result
+    for dims, names in REQUIRED.items():
+        for name in names:
+            assert m[name].dims == dims, name
+    for name in ("layer", "q_head", "kv_head", "rope"):
+        np.testing.assert_array_equal(m[name].values, cap[name].values)
+    assert m.attrs["options"]["n_pairs"] == 64 and m.attrs["capture"]["model"] == cap.attrs["model"]
+    assert not np.isnan(m.bias_strength).any() and not np.isnan(m.ap_drop).any()
+
+
+def test_metrics_round_trip(result, tmp_path):
+    _, m = result
+    path = qkplast.save_dataset(m, tmp_path / "m.nc")
+    back = qkplast.open_dataset(path)
+    assert back.identical(m)
+
+
+def test_all_metrics_invariant_under_one_orthogonal_transform_of_q_and_k(result, rng):
+    cap, m = result
+    r = random_orthogonal(rng, 1, cap.sizes["dim"])[0]
+    moved = cap.assign(q=(cap.q.dims, cap.q.values @ r.T), k=(cap.k.dims, cap.k.values @ r.T))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        full_a = qkplast.analyze(cap, n_pairs=64, covariance="full")
+        full_b = qkplast.analyze(moved, n_pairs=64, covariance="full")
+    scalars = ["r_q_a", "r_k_a", "alpha_q", "alpha_k", "mu_q_a", "bias_strength", "plane_variance_fraction",
+               "separation_strength", "ap", "ap_mc", "ap_overall", "ap_drop", "ap_map"]
+    for name in scalars:
+        np.testing.assert_allclose(full_b[name], full_a[name], rtol=1e-7, atol=1e-10, err_msg=name)
+    np.testing.assert_allclose(full_b.explained_variance_ratio, full_a.explained_variance_ratio, atol=1e-12)
+    # leading PCs are well separated here, so their correlations are defined and must agree
+    np.testing.assert_allclose(full_b.r_q_pc[:, :3], full_a.r_q_pc[:, :3], atol=1e-8)
+    assert (full_b.taxonomy == full_a.taxonomy).all()
+
+
+def test_rejects_nan_capture(result):
+    cap, _ = result
+    q = cap.q.values.copy()
+    q[2, 7, 0] = np.nan
+    with pytest.raises(qkplast.CaptureError, match="head 2"):
+        qkplast.analyze(cap.assign(q=(cap.q.dims, q)))
+
+
+def test_unknown_option(result):
+    with pytest.raises(TypeError, match="unknown analysis option"):
+        qkplast.analyze(result[0], bogus=1)

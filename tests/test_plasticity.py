@@ -1,0 +1,187 @@
+"""Attention plasticity (section 4.4): planted answers, closed form vs Monte Carlo, invariance, bad input."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from qkplast.options import AnalysisOptions
+from qkplast.plasticity import PlasticityWarning, pairwise_plasticity, plasticity, sample_key_pairs
+from qkplast.synthetic import planted_capture, random_orthogonal, true_query_moments
+
+
+def run(cap, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 has no earlier keys by design
+        return plasticity(cap, **kw)
+
+
+@pytest.fixture(scope="module")
+def gaussian():
+    return planted_capture(n_heads=3, dim=16, n_docs=64, samples_per_bucket=8, seed=1)
+
+
+def analytic_ap(cap, truth, opt):
+    """The exact Gaussian AP of each bucket from the planted parameters, on the same key pairs."""
+    pairs = sample_key_pairs(cap, opt)
+    mean, cov = true_query_moments(truth, pairs.tau)  # [head, bucket, dim], [head, dim, dim]
+    k = cap.k.values
+    delta = k[:, pairs.i] - k[:, pairs.j]  # [head, bucket, pair, dim]
+    mu = np.einsum("hbpd,hbd->hbp", delta, mean)
+    var = np.einsum("hbpd,hde,hbpe->hbp", delta, cov, delta)
+    with np.errstate(invalid="ignore", divide="ignore"):  # padded pairs have delta = 0
+        pp = 4 * stats.norm.cdf(mu / np.sqrt(var)) * stats.norm.cdf(-mu / np.sqrt(var))
+    pp = np.where(pairs.valid[None], pp, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(pp, -1)
+
+
+@pytest.mark.parametrize("covariance", ["full", "joint"])
+def test_closed_form_matches_analytic_value(gaussian, covariance):
+    cap, truth = gaussian
+    kw = {"covariance": covariance}
+    if covariance == "joint":
+        kw.update(positional_fit="per_bucket")
+    res = run(cap, **kw)
+    want = analytic_ap(cap, truth, AnalysisOptions(**kw))
+    ok = ~np.isnan(want)
+    assert ok[:, 1:].all() and np.isnan(res.ap.values[:, 0]).all()
+    # "joint" also estimates coordinate 1 per bucket (and its within-bucket position spread): looser
+    np.testing.assert_allclose(res.ap.values[ok], want[ok], atol=0.02 if covariance == "full" else 0.035)
+    assert np.abs(res.ap.values[ok] - want[ok]).mean() < 0.006
+
+
+def test_diagonal_matches_analytic_when_semantic_covariance_is_isotropic():
+    cap, truth = planted_capture(n_heads=2, dim=16, n_docs=64, samples_per_bucket=8, diagonal_semantic=True, seed=4)
+    res = run(cap)
+    want = analytic_ap(cap, truth, AnalysisOptions())
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(res.ap.values[ok], want[ok], atol=0.02)
+
+
+def test_monte_carlo_agrees_with_closed_form_on_gaussian_data(gaussian):
+    res = run(gaussian[0], covariance="full")
+    diff = (res.ap - res.ap_mc).values[:, 1:]
+    assert np.abs(diff).max() < 0.03, diff
+    assert np.abs(diff).mean() < 0.01
+    np.testing.assert_allclose(res.ap_drop, res.ap_drop_mc, atol=0.02)
+
+
+def test_monte_carlo_disagrees_on_planted_non_gaussian_case():
+    cap, _ = planted_capture(n_heads=2, dim=16, n_docs=64, samples_per_bucket=8, semantic="skewed", seed=3)
+    res = run(cap, covariance="full")
+    diff = (res.ap - res.ap_mc).values[:, 1:6]
+    assert diff.mean() > 0.1, diff  # the Gaussian closed form misses the rare-event tail
+
+
+def test_plasticity_decays_with_query_position(gaussian):
+    res = run(gaussian[0])
+    assert (res.ap_drop > 0.3).all()
+    assert (res.ap_first20 > res.ap_last20).all()
+    np.testing.assert_allclose(res.ap_drop, res.ap_first20 - res.ap_last20)
+
+
+def test_pairwise_plasticity_is_stable_in_the_tails():
+    z = torch.tensor([0.0, 1.0, 8.0, 10.0, 30.0, -30.0], dtype=torch.float64)
+    pp = pairwise_plasticity(z, torch.ones_like(z)).numpy()
+    assert pp[0] == 1.0
+    np.testing.assert_allclose(pp[1:5], 4 * stats.norm.sf(z[1:5].numpy()) * stats.norm.cdf(z[1:5].numpy()), rtol=1e-12)
+    assert pp[3] > 1e-23 and pp[4] > 0 and pp[4] == pp[5]
+    naive = 4 * stats.norm.cdf(10.0) * (1 - stats.norm.cdf(10.0))
+    assert naive == 0.0  # what 4 p (1 - p) would have returned
+    assert np.isnan(pairwise_plasticity(torch.tensor([1.0]), torch.tensor([0.0]))).all()
+
+
+def transform(cap, rng, per_head=True):
+    r = random_orthogonal(rng, cap.sizes["head"] if per_head else 1, cap.sizes["dim"])
+    r = np.broadcast_to(r, (cap.sizes["head"],) + r.shape[1:])
+    rot = lambda x: np.einsum("hij,hsj->hsi", r, x)  # noqa: E731
+    return cap.assign(q=(cap.q.dims, rot(cap.q.values)), k=(cap.k.dims, rot(cap.k.values)))
+
+
+def test_invariant_under_orthogonal_transforms_with_full_covariance(gaussian, rng):
+    cap = gaussian[0]
+    moved = transform(cap, rng)
+    np.testing.assert_allclose(np.einsum("hsd,hsd->hs", moved.q, moved.k), np.einsum("hsd,hsd->hs", cap.q, cap.k),
+                               rtol=1e-10, atol=1e-10)
+    a, b = run(cap, covariance="full"), run(moved, covariance="full")
+    for name in ("ap", "ap_overall", "ap_drop", "ap_map"):
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(b.ap_mc, a.ap_mc, atol=1e-12)
+    np.testing.assert_allclose(b.beta_pos, a.beta_pos, rtol=1e-9)
+
+
+def test_diagonal_variance_depends_on_the_basis(gaussian, rng):
+    """eq. 4.12 takes the diagonal in the Householder basis, whose complement is arbitrary:
+    an orthogonal change of coordinates moves the result when Sigma_b is not diagonal."""
+    cap = gaussian[0]
+    a, b = run(cap), run(transform(cap, rng))
+    assert np.nanmax(np.abs(a.ap - b.ap)) > 1e-3
+
+
+def test_key_pairs_are_same_document_earlier_buckets_and_shared(gaussian):
+    cap = gaussian[0]
+    opt = AnalysisOptions(n_pairs=64)
+    pairs = sample_key_pairs(cap, opt)
+    doc, bucket = cap.doc.values, cap.bucket.values
+    for qb in range(1, len(pairs.tau)):
+        i, j = pairs.i[qb][pairs.valid[qb]], pairs.j[qb][pairs.valid[qb]]
+        assert len(i) == 64 and (doc[i] == doc[j]).all() and (i != j).all()
+        assert (bucket[i] < qb).all() and (bucket[j] < qb).all()
+    again = sample_key_pairs(cap, opt)
+    np.testing.assert_array_equal(pairs.i, again.i)
+    anyd = sample_key_pairs(cap, AnalysisOptions(n_pairs=64, pair_docs="any", eligible_keys="before_query"))
+    assert anyd.valid[0].all()  # keys below the midpoint of bucket 0 exist
+    assert (doc[anyd.i[5]] != doc[anyd.j[5]]).any()
+
+
+def test_all_pairs_used_when_few():
+    cap, _ = planted_capture(n_heads=1, dim=8, seq_len=1024, bucket_size=256, n_docs=2, samples_per_bucket=2, seed=0)
+    pairs = sample_key_pairs(cap, AnalysisOptions(n_pairs=256))
+    # bucket 3: 3 earlier buckets x 2 samples = 6 keys per doc -> 15 pairs per doc, 30 in all
+    assert pairs.n_admissible[3] == 30 and pairs.valid[3].sum() == 30
+    got = {tuple(sorted(p)) for p in zip(pairs.i[3][:30], pairs.j[3][:30])}
+    assert len(got) == 30
+
+
+def test_options_change_results_as_documented(gaussian):
+    cap = gaussian[0]
+    base = run(cap)
+    mean_tau = run(cap, query_position="mean")
+    assert not np.allclose(base.tau, mean_tau.tau)
+    uniform = run(cap, bucket_weight="uniform")
+    np.testing.assert_allclose(uniform.ap_overall, np.nanmean(base.ap, -1))
+    idx = run(cap, edge_rule="bucket_index")
+    assert idx.in_first20.values.sum() == 4 and idx.in_last20.values.sum() == 4
+    assert base.in_first20.values.tolist()[:4] == [True, True, True, False]
+
+
+def test_bucket_without_enough_queries_warns_and_is_nan():
+    cap, _ = planted_capture(n_heads=2, dim=8, seq_len=1024, bucket_size=128, n_docs=4, samples_per_bucket=2, seed=0)
+    keep = ~((cap.bucket.values == 5) & (cap.doc.values != "doc-000"))
+    keep &= ~((cap.bucket.values == 5) & (cap.position.values != cap.position.values[cap.bucket.values == 5].min()))
+    thin = cap.isel(sample=np.flatnonzero(keep))
+    with pytest.warns(PlasticityWarning) as record:
+        res = plasticity(thin)
+    assert any("query buckets [5] have fewer than 2 queries" in str(w.message) for w in record)
+    assert np.isnan(res.ap.sel(query_bucket=5)).all()
+    assert not np.isnan(res.ap.sel(query_bucket=6)).any()
+
+
+def test_fewer_than_two_keys_warns_naming_bucket():
+    cap, _ = planted_capture(n_heads=1, dim=8, seq_len=1024, bucket_size=256, n_docs=3, samples_per_bucket=1, seed=0)
+    with pytest.warns(PlasticityWarning, match=r"query buckets \[0, 1\] have fewer than two eligible keys"):
+        res = plasticity(cap)
+    assert np.isnan(res.ap.values[:, :2]).all() and not np.isnan(res.ap.values[:, 2:]).any()
+
+
+def test_bad_options_are_errors(gaussian):
+    with pytest.raises(TypeError, match="unknown analysis option"):
+        plasticity(gaussian[0], n_pair=3)
+    with pytest.raises(ValueError, match="covariance"):
+        AnalysisOptions(covariance="banded")
+    with pytest.raises(ValueError, match="joint"):
+        AnalysisOptions(covariance="joint")
