@@ -31,8 +31,14 @@ def to_numpy(x: torch.Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()
 
 
+def auto_chunk(bytes_per_head: float, device: torch.device) -> int:
+    """Heads per chunk so the largest temporary stays near 16 MB (CPU) or 1 GB (GPU)."""
+    budget = 2**30 if device.type == "cuda" else 16 * 2**20
+    return max(1, int(budget // max(bytes_per_head, 1)))
+
+
 def head_chunks(n_head: int, chunk: int | None):
-    """Slices over the head axis, so memory stays bounded on large captures."""
+    """Slices over the head axis, so memory stays bounded on large captures (0/None: all heads)."""
     chunk = n_head if not chunk else max(1, int(chunk))
     for start in range(0, n_head, chunk):
         yield slice(start, min(start + chunk, n_head))

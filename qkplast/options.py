@@ -92,7 +92,11 @@ class AnalysisOptions:
     device : str
         ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda"``.
     head_chunk : int
-        Heads processed together; bounds memory.
+        Heads processed together; 0 (default) sizes chunks so that the largest
+        temporary (the key differences, ``[head, bucket, pair, dim]``) stays near
+        16 MB on the CPU, below glibc's largest mmap threshold, so buffers are
+        reused instead of being mapped and zero-filled afresh (measured 2-4x
+        faster than 32-head chunks here), and near 1 GB on a GPU.
     """
 
     taxonomy_low: float = 0.3
@@ -113,7 +117,7 @@ class AnalysisOptions:
     map_bins: int = 16
     seed: int = 0
     device: str = "auto"
-    head_chunk: int = 32
+    head_chunk: int = 0
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():
@@ -123,7 +127,9 @@ class AnalysisOptions:
             raise ValueError("taxonomy thresholds need 0 <= taxonomy_low <= taxonomy_high <= 1")
         if not 0 < self.edge_fraction <= 0.5:
             raise ValueError(f"edge_fraction must lie in (0, 0.5], got {self.edge_fraction}")
-        for name in ("n_pairs", "context_bins", "map_bins", "head_chunk"):
+        if self.head_chunk < 0:
+            raise ValueError(f"option head_chunk must be >= 0 (0 = automatic), got {self.head_chunk}")
+        for name in ("n_pairs", "context_bins", "map_bins"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"option {name} must be >= 1, got {getattr(self, name)}")
         if self.min_bucket_samples < 2:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._torch import as_f64, head_chunks, resolve_device, to_numpy
+from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from .stats import covariance, covariance_with
 
 TAXONOMY = ("position-dominated", "q-positional", "content-focused", "mixed")
@@ -75,13 +75,17 @@ def classify(r_q0: np.ndarray, r_k0: np.ndarray, low: float = 0.3, high: float =
     return out.astype(str)
 
 
+def _bytes_per_head(capture: xr.Dataset) -> int:
+    return 8 * 4 * capture.sizes["sample"] * capture.sizes["dim"]  # pooled cloud and its centred copy
+
+
 def pca(capture: xr.Dataset, *, taxonomy_low: float = 0.3, taxonomy_high: float = 0.7, device="auto",
-        head_chunk: int = 32, keep_components: bool = False) -> xr.Dataset:
+        head_chunk: int = 0, keep_components: bool = False) -> xr.Dataset:
     """PCA metrics per head: ``explained_variance_ratio``, ``r_q_pc``, ``r_k_pc`` (dims head, pc), ``taxonomy``."""
     dev = resolve_device(device)
     t = as_f64(capture["position"], dev)
     parts = []
-    for sl in head_chunks(capture.sizes["head"], head_chunk):
+    for sl in head_chunks(capture.sizes["head"], head_chunk or auto_chunk(_bytes_per_head(capture), dev)):
         q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)
         parts.append(pca_kernel(q, k, t))
     cat = lambda name: to_numpy(torch.cat([getattr(p, name) for p in parts]))  # noqa: E731

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._torch import as_f64, head_chunks, resolve_device, to_numpy
+from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from .linalg import householder_apply, householder_vector
 from .options import AnalysisOptions
 from .stats import slope
@@ -344,7 +344,10 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
 
     ap, ap_mc, maps, maps_mc, fits = [], [], [], [], []
     n_bad_var = 0
-    for sl in head_chunks(capture.sizes["head"], opt.head_chunk):
+    dim = capture.sizes["dim"]
+    per_head = 8 * n_bucket * (opt.n_pairs * (dim + n_max)
+                               + (dim * dim if opt.covariance != "diagonal" else 0))
+    for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head, dev)):
         q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)  # [head, sample, dim]
         qr, delta, model, pp = closed_form(q, k, t, onehot, tau, pi, pj, opt)
         n_bad_var += int((torch.isnan(pp) & pvalid).sum())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import xarray as xr
 
-from ._torch import as_f64, head_chunks, resolve_device, to_numpy
+from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from .stats import covariance_with, pearson, slope
 
 SCALARS = (
@@ -69,13 +69,17 @@ def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[s
     }
 
 
-def rotation(capture: xr.Dataset, *, device="auto", head_chunk: int = 32) -> xr.Dataset:
+def _bytes_per_head(capture: xr.Dataset) -> int:
+    return 8 * 4 * capture.sizes["sample"] * capture.sizes["dim"]  # pooled cloud and its projection
+
+
+def rotation(capture: xr.Dataset, *, device="auto", head_chunk: int = 0) -> xr.Dataset:
     """Rotation metrics per head (dims ``head``; axes with dims ``head, dim``)."""
     dev = resolve_device(device)
     t = as_f64(capture["position"], dev)
     parts = [
         rotation_kernel(as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev), t)
-        for sl in head_chunks(capture.sizes["head"], head_chunk)
+        for sl in head_chunks(capture.sizes["head"], head_chunk or auto_chunk(_bytes_per_head(capture), dev))
     ]
     out = {}
     for name in parts[0]:
