@@ -57,6 +57,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -92,8 +93,12 @@ SUPPORTED_FAMILIES = (
     "Ministral-3 (ministral3, mistral3), SmolLM3 (smollm3), Llama 3.2 Vision (mllama)"
 )
 # Model types whose capture is verified by tests/test_capture.py against the model's own eager attention.
-_VERIFIED_MODEL_TYPES = frozenset({"llama", "qwen3", "mistral", "ministral", "ministral3", "mistral3", "smollm3", "mllama"})
-_VERIFIED_TEXT_TYPES = frozenset({"llama", "qwen3", "mistral", "ministral", "ministral3", "smollm3", "mllama_text_model"})
+_VERIFIED_MODEL_TYPES = frozenset(
+    {"llama", "qwen3", "mistral", "ministral", "ministral3", "mistral3", "smollm3", "mllama"}
+)
+_VERIFIED_TEXT_TYPES = frozenset(
+    {"llama", "qwen3", "mistral", "ministral", "ministral3", "smollm3", "mllama_text_model"}
+)
 _PROBE_TOKENS = 8
 _MANIFEST = "manifest.json"
 _PART = "doc-{:06d}.nc"
@@ -119,7 +124,9 @@ def _eager_for(module):
     if cls not in _EAGER_CACHE:
         fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
         if fn is None:
-            raise UnsupportedModelError(f"{cls.__name__} has no eager_attention_forward to delegate to; use attn='sdpa'")
+            raise UnsupportedModelError(
+                f"{cls.__name__} has no eager_attention_forward to delegate to; use attn='sdpa'"
+            )
         _EAGER_CACHE[cls] = fn
     return _EAGER_CACHE[cls]
 
@@ -327,7 +334,8 @@ def inspect_model(model, *, attn: str = "sdpa", allow_unverified: bool = False) 
     if not probe.calls:
         raise UnsupportedModelError(
             f"no layer of {type(model).__name__} called the '{CAPTURE_ATTN}' attention function, so its attention "
-            f"does not go through the transformers attention interface and cannot be captured; supported: {SUPPORTED_FAMILIES}"
+            "does not go through the transformers attention interface and cannot be captured; "
+            f"supported: {SUPPORTED_FAMILIES}"
         )
     n_q, n_kv = int(text_config.num_attention_heads), int(text_config.num_key_value_heads)
     layers, modules, head_dims = [], {}, set()
@@ -594,8 +602,13 @@ def _check_output(out: Path, overwrite: bool) -> None:
         raise IsADirectoryError(f"output {out} is a directory")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"output directory {out.parent} does not exist")
-    if not os.access(out.parent, os.W_OK):
-        raise PermissionError(f"output directory {out.parent} is not writable")
+    # Creating a file is the only reliable test: permission bits do not stop root, nor reveal read-only mounts.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".probe", dir=out.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PermissionError(f"output directory {out.parent} is not writable ({exc.strerror})") from exc
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:

@@ -87,14 +87,24 @@ def tiny_model(family: str):
     elif family in ("ministral3", "mistral3"):
         # A small original length makes the Llama-4 query scaling of Ministral-3 act inside 64 tokens.
         rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
-        text = T.Ministral3Config(**{**COMMON, "max_position_embeddings": 64}, rope_parameters={**rope, "llama_4_scaling_beta": 0.5})
+        text = T.Ministral3Config(
+            **{**COMMON, "max_position_embeddings": 64}, rope_parameters={**rope, "llama_4_scaling_beta": 0.5}
+        )
         if family == "ministral3":
             model = T.Ministral3ForCausalLM(text)
         else:
             vision = T.PixtralVisionConfig(
-                hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8, head_dim=8
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=32,
+                patch_size=8,
+                head_dim=8,
             )
-            model = T.Mistral3ForConditionalGeneration(T.Mistral3Config(text_config=text.to_dict(), vision_config=vision.to_dict()))
+            model = T.Mistral3ForConditionalGeneration(
+                T.Mistral3Config(text_config=text.to_dict(), vision_config=vision.to_dict())
+            )
     elif family == "smollm3":
         config = T.SmolLM3Config(**{**COMMON, "num_hidden_layers": 4}, no_rope_layer_interval=2, pad_token_id=None)
         model = T.SmolLM3ForCausalLM(config)
@@ -310,7 +320,10 @@ def test_qwen3_capture_includes_qk_norm_before_rope(tokenizer):
     pos = ds["position"].values
     for h in range(ds.sizes["head"]):
         layer, qh, kvh = int(ds["layer"][h]), int(ds["q_head"][h]), int(ds["kv_head"][h])
-        q_n, k_n = normed[(layer, "q")].transpose(0, 1)[None], normed[(layer, "k")].transpose(0, 1)[None]  # [1, head, seq, dim]
+        q_n, k_n = (
+            normed[(layer, "q")].transpose(0, 1)[None],
+            normed[(layer, "k")].transpose(0, 1)[None],
+        )  # [1, head, seq, dim]
         q_rot, k_rot = apply_rotary_pos_emb(q_n, k_n, cos, sin)  # [1, head, seq, dim]
         np.testing.assert_allclose(ds["q"].values[h], q_rot[0, qh, pos].numpy(), rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(ds["k"].values[h], k_rot[0, kvh, pos].numpy(), rtol=1e-6, atol=1e-6)
@@ -354,15 +367,16 @@ def test_head_sampling_follows_the_documented_draw():
     plan = sample_heads(layout, heads=30, seed=0)
     pairs = [(layer, h) for layer in layout.eligible_layers for h in range(8)]
     chosen = np.sort(np.random.default_rng(0).choice(len(pairs), size=30, replace=False))
-    assert list(zip(plan.layer.tolist(), plan.q_head.tolist())) == [pairs[i] for i in chosen]
+    assert list(zip(plan.layer.tolist(), plan.q_head.tolist(), strict=True)) == [pairs[i] for i in chosen]
     assert not set(plan.layer.tolist()) & {2, 5}
     np.testing.assert_array_equal(plan.kv_head, plan.q_head // 4)
     np.testing.assert_array_equal(plan.rope, plan.layer % 4 != 3)
     assert plan.n_eligible == 64
-    keys = list(zip(plan.layer.tolist(), plan.q_head.tolist()))
+    keys = list(zip(plan.layer.tolist(), plan.q_head.tolist(), strict=True))
     assert keys == sorted(keys) and len(set(keys)) == 30
     assert sample_heads(layout, heads=30, seed=0).layer.tolist() == plan.layer.tolist()
-    assert list(zip(*[sample_heads(layout, heads=30, seed=1).layer, sample_heads(layout, 30, 1).q_head])) != keys
+    other = sample_heads(layout, heads=30, seed=1)
+    assert list(zip(other.layer.tolist(), other.q_head.tolist(), strict=True)) != keys
 
 
 def test_head_sampling_takes_all_when_fewer_and_is_uniform():
@@ -475,7 +489,15 @@ def test_embedded_smollm2_capture_end_to_end(tmp_path):
     corpus.write_text("\n".join(json.dumps(r) for r in records))
     out = tmp_path / "cap.nc"
     ds = run_capture(
-        "smollm2-135m", str(corpus), out, seq_len=256, bucket_size=64, samples_per_bucket=2, heads=6, docs=2, progress=False
+        "smollm2-135m",
+        str(corpus),
+        out,
+        seq_len=256,
+        bucket_size=64,
+        samples_per_bucket=2,
+        heads=6,
+        docs=2,
+        progress=False,
     )
     from qkplast.io import open_capture
 
