@@ -285,6 +285,60 @@ def _edge_masks(tau: np.ndarray, seq_len: int, options: AnalysisOptions):
     return idx < m, idx >= n - m
 
 
+@dataclass
+class _Layout:
+    """Everything about buckets and pairs that is shared by all heads."""
+
+    buckets: np.ndarray
+    width: np.ndarray
+    counts: np.ndarray
+    pairs: KeyPairs
+    t: torch.Tensor  # [sample]
+    onehot: torch.Tensor  # [bucket, sample]
+    tau: torch.Tensor  # [bucket]
+    pi: torch.Tensor  # [bucket, pair]
+    pj: torch.Tensor
+    pvalid: torch.Tensor  # [bucket, pair], False for padding and for buckets with too few queries
+    qidx: torch.Tensor  # [bucket, n_max]
+    qmask: torch.Tensor
+
+
+def _layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool) -> _Layout:
+    buckets, _, width, counts = bucket_layout(capture, opt.query_position)
+    pairs = sample_key_pairs(capture, opt)
+    few = (counts < opt.min_bucket_samples) | (counts == 0)
+    no_pairs = ~pairs.valid.any(1)
+    if warn and few.any():
+        warnings.warn(
+            f"query buckets {buckets[few].tolist()} have fewer than {opt.min_bucket_samples} queries "
+            f"(counts {counts[few].tolist()}): their plasticity is NaN for all heads",
+            PlasticityWarning, stacklevel=3,
+        )
+    if warn and (no_pairs & ~few).any():
+        warnings.warn(
+            f"query buckets {buckets[no_pairs & ~few].tolist()} have fewer than two eligible keys "
+            f"(eligible_keys={opt.eligible_keys!r}, pair_docs={opt.pair_docs!r}): their plasticity is NaN for all heads",
+            PlasticityWarning, stacklevel=3,
+        )
+    n_bucket = len(buckets)
+    bucket = torch.as_tensor(capture["bucket"].values, device=dev)
+    onehot = (bucket[None, :] == torch.arange(n_bucket, device=dev)[:, None]).to(torch.float64)
+    n_max = max(int(counts.max()), 1)
+    qidx = np.zeros((n_bucket, n_max), dtype=np.int64)
+    qmask = np.zeros((n_bucket, n_max), dtype=bool)
+    order = np.argsort(capture["bucket"].values, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for b in range(n_bucket):  # a loop over buckets, not over samples or heads
+        members = order[starts[b]: starts[b + 1]]
+        qidx[b, : len(members)], qmask[b, : len(members)] = members, True
+    return _Layout(
+        buckets, width, counts, pairs, as_f64(capture["position"], dev), onehot, as_f64(pairs.tau, dev),
+        torch.as_tensor(pairs.i, device=dev), torch.as_tensor(pairs.j, device=dev),
+        torch.as_tensor(pairs.valid, device=dev) & torch.as_tensor(~few, device=dev)[:, None],
+        torch.as_tensor(qidx, device=dev), torch.as_tensor(qmask, device=dev),
+    )
+
+
 def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
     """Closed-form and Monte Carlo attention plasticity per head and query bucket.
 
@@ -299,39 +353,10 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     dev = resolve_device(opt.device)
     seq_len = int(capture.attrs["seq_len"])
-    buckets, tau_np, width, counts = bucket_layout(capture, opt.query_position)
-    pairs = sample_key_pairs(capture, opt)
-    n_bucket = len(buckets)
-
-    few = (counts < opt.min_bucket_samples) & (counts > 0) | (counts == 0)
-    no_pairs = ~pairs.valid.any(1)
-    if few.any():
-        warnings.warn(
-            f"query buckets {buckets[few].tolist()} have fewer than {opt.min_bucket_samples} queries "
-            f"(counts {counts[few].tolist()}): their plasticity is NaN for all heads",
-            PlasticityWarning, stacklevel=2,
-        )
-    if (no_pairs & ~few).any():
-        warnings.warn(
-            f"query buckets {buckets[no_pairs & ~few].tolist()} have fewer than two eligible keys "
-            f"(eligible_keys={opt.eligible_keys!r}, pair_docs={opt.pair_docs!r}): their plasticity is NaN for all heads",
-            PlasticityWarning, stacklevel=2,
-        )
-    bucket_ok = torch.as_tensor(~few, device=dev)
-
-    t = as_f64(capture["position"], dev)
-    bucket = torch.as_tensor(capture["bucket"].values, device=dev)
-    onehot = (bucket[None, :] == torch.arange(n_bucket, device=dev)[:, None]).to(torch.float64)  # [bucket, sample]
-    n_max = max(int(counts.max()), 1)
-    qidx = np.zeros((n_bucket, n_max), dtype=np.int64)
-    qmask = np.zeros((n_bucket, n_max), dtype=bool)
-    for b in range(n_bucket):
-        members = np.flatnonzero(capture["bucket"].values == b)
-        qidx[b, : len(members)], qmask[b, : len(members)] = members, True
-    qidx_t, qmask_t = torch.as_tensor(qidx, device=dev), torch.as_tensor(qmask, device=dev)
-    pi, pj = torch.as_tensor(pairs.i, device=dev), torch.as_tensor(pairs.j, device=dev)
-    pvalid = torch.as_tensor(pairs.valid, device=dev) & bucket_ok[:, None]  # [bucket, pair]
-    tau = as_f64(pairs.tau, dev)
+    lay = _layout(capture, opt, dev, warn=True)
+    buckets, width, counts, pairs, n_bucket = lay.buckets, lay.width, lay.counts, lay.pairs, len(lay.buckets)
+    t, onehot, tau, pi, pj, pvalid = lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, lay.pvalid
+    qidx_t, qmask_t, n_max = lay.qidx, lay.qmask, lay.qidx.shape[1]
 
     # 2D map coordinates are position-only, hence shared by all heads.
     pos = capture["position"].values.astype(float)
@@ -433,3 +458,70 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     ds["ap"].attrs["meaning"] = "mean Gaussian closed-form pairwise plasticity 4 Phi(z) Phi(-z) over key pairs (eqs. 4.11-4.14)"
     ds["ap_mc"].attrs["meaning"] = "mean empirical 4 p (1-p) from the bucket's captured queries, same key pairs"
     return ds
+
+
+def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
+    """The closed form's terms for every key pair of selected heads, for the theory pages.
+
+    Parameters
+    ----------
+    heads : int, slice or sequence of int, optional
+        Positions along ``head`` (all when None).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dims ``head, query_bucket, pair``: ``delta1`` (positional coordinate
+        difference of the two keys in the Householder basis), ``mu`` (eq. 4.11),
+        ``v_diag`` (eq. 4.12), ``v_full`` (Lemma A.1's proof), ``v_indep`` and
+        ``v_joint`` (both from the bucket's own moments of all d coordinates:
+        ``v_indep`` sets the covariance between the positional coordinate and
+        the semantic ones to zero as assumption A.1-A.2 does, ``v_joint`` keeps
+        it, so ``v_joint / v_indep`` isolates that assumption), ``pp`` (with the
+        options' covariance), ``gamma = delta1 beta_pos / sqrt(v)`` and
+        ``z0 = (mu - delta1 beta_pos tau) / sqrt(v)`` of Lemma A.2 (with the
+        options' variance), ``key_distance``, ``query_distance``, ``valid``.
+        Per head: ``alpha_pos``, ``beta_pos``, ``sigma2_pos``.
+    """
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
+    dev = resolve_device(opt.device)
+    sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
+    lay = _layout(sub, opt, dev, warn=False)
+    q, k = as_f64(sub["q"], dev), as_f64(sub["k"], dev)
+    qr, delta, model, pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, opt)
+    variants = {}
+    for name, cov, fit in (("v_diag", "diagonal", opt.positional_fit), ("v_full", "full", opt.positional_fit),
+                           ("v_indep", "full", "per_bucket"), ("v_joint", "joint", "per_bucket")):
+        m = query_model(qr, lay.t, lay.onehot, lay.tau,
+                        AnalysisOptions.from_kwargs(opt, covariance=cov, positional_fit=fit, semantic_stats="per_bucket"))
+        if m.full:
+            variants[name] = torch.einsum("hbpd,hbde,hbpe->hbp", delta, m.cov, delta)
+        else:
+            variants[name] = torch.einsum("hbpd,hbd->hbp", delta * delta, m.cov)
+    v = {"diagonal": variants["v_diag"], "full": variants["v_full"], "joint": variants["v_joint"]}[opt.covariance]
+    mu = torch.einsum("hbpd,hbd->hbp", delta, model.mean)
+    d1 = delta[..., 0]
+    sd = torch.sqrt(v)
+    gamma = d1 * model.beta_pos[:, None, None] / sd
+    z0 = (mu - d1 * model.beta_pos[:, None, None] * lay.tau[None, :, None]) / sd
+    valid = lay.pvalid.expand_as(pp)
+    pos = sub["position"].values.astype(float)
+    pairs = lay.pairs
+    nan = lambda x: np.where(to_numpy(valid), to_numpy(x), np.nan)  # noqa: E731
+    dims = ("head", "query_bucket", "pair")
+    out = xr.Dataset(
+        {
+            "delta1": (dims, nan(d1)), "mu": (dims, nan(mu)), "pp": (dims, nan(pp)),
+            "v_diag": (dims, nan(variants["v_diag"])), "v_full": (dims, nan(variants["v_full"])),
+            "v_indep": (dims, nan(variants["v_indep"])), "v_joint": (dims, nan(variants["v_joint"])), "gamma": (dims, nan(gamma)), "z0": (dims, nan(z0)),
+            "valid": (dims, to_numpy(valid)),
+            "key_distance": (("query_bucket", "pair"), np.abs(pos[pairs.i] - pos[pairs.j])),
+            "query_distance": (("query_bucket", "pair"), pairs.tau[:, None] - 0.5 * (pos[pairs.i] + pos[pairs.j])),
+            "alpha_pos": ("head", to_numpy(model.alpha_pos)), "beta_pos": ("head", to_numpy(model.beta_pos)),
+            "sigma2_pos": ("head", to_numpy(model.sigma2_pos)),
+        },
+        coords={"query_bucket": lay.buckets, "tau": ("query_bucket", pairs.tau),
+                **{c: ("head", sub[c].values) for c in ("layer", "q_head", "kv_head", "rope")}},
+    )
+    out.attrs["options"] = opt.to_dict()
+    return out
