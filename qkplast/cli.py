@@ -1,4 +1,4 @@
-"""Command line: ``qkplast analyze``, ``qkplast theory`` (and the capture commands).
+"""Command line: ``qkplast prepare``, ``capture``, ``analyze``, ``theory``.
 
 Every analysis option of :class:`qkplast.AnalysisOptions` is a flag
 (``--covariance full``, ``--n-pairs 512``), with the same documented default.
@@ -12,6 +12,7 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
+from ._capture_cli import add_capture_parser, add_prepare_parser
 from .options import _CHOICES, AnalysisOptions
 
 
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_option_flags(p)
     p.set_defaults(func=cmd_analyze)
+
+    add_prepare_parser(sub)
+    add_capture_parser(sub)
 
     p = sub.add_parser("theory", help="numeric checks of Lemma A.1, Lemma A.2 and Theorem 4.4")
     p.add_argument("--seed", type=int, default=0)
