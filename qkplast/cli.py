@@ -76,6 +76,33 @@ def cmd_theory(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from .batch import RunError, _literal, run
+
+    params = {name: _literal(value) for name, value in (args.parameter or [])}
+    try:
+        result = run(args.model, args.out, device=args.device, parameters=params, overwrite=args.overwrite,
+                     progress=not args.no_progress)
+    except RunError as exc:
+        print(f"qkplast run: {exc}", file=sys.stderr)
+        return 1
+    m = result.manifest
+    print(f"ran {len(m['notebooks'])} notebooks for {args.model!r} in {sum(m['timings_s'].values()):.0f} s; "
+          f"outputs in {result.run_dir}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .batch import compare
+
+    table = compare(args.runs)
+    print(table.T.to_string(float_format=lambda v: f"{v:.4g}"))
+    if args.out:
+        table.to_csv(args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qkplast", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_prepare_parser(sub)
     add_capture_parser(sub)
+
+    p = sub.add_parser("run", help="capture, analyse and execute every notebook for one model (papermill)")
+    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded), a local directory or a hub id")
+    p.add_argument("--out", default=None, help="run directory (default: runs/MODEL)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 on a GPU)")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="notebook/capture/analysis parameter, e.g. -p docs 16 -p covariance full")
+    p.add_argument("--overwrite", action="store_true", help="delete an existing run directory first")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compare", help="cross-model table of headline metrics from run directories")
+    p.add_argument("runs", nargs="+", help="run directories made by qkplast run")
+    p.add_argument("--out", default=None, help="CSV file to write")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("theory", help="numeric checks of Lemma A.1, Lemma A.2 and Theorem 4.4")
     p.add_argument("--seed", type=int, default=0)

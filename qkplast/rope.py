@@ -1,0 +1,111 @@
+"""A model's own rotary position embedding (thesis section 2.3): the relative-position
+property (eq. 2.6) and the frequency structure.
+
+The rotary module and ``apply_rotary_pos_emb`` are taken from the model's own
+transformers modeling file, so what is shown is what the model computes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .theory import CheckResult
+
+
+@dataclass
+class Rotary:
+    """A model's rotary embedding: the module, its ``apply_rotary_pos_emb`` and config facts."""
+
+    module: torch.nn.Module
+    apply: object
+    head_dim: int
+    theta: float
+    max_positions: int
+    inv_freq: np.ndarray  # [head_dim / 2], float64 copy of the module's buffer
+    model_type: str
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``[n, head_dim]`` to ``positions`` ``[n]`` with the model's own code (float32)."""
+        x = x.to(torch.float32)[None, None]  # [batch, head, n, dim]
+        cos, sin = self.module(x, positions[None].to(torch.long))
+        out, _ = self.apply(x, x, cos, sin)
+        return out[0, 0]
+
+
+def model_config(model: str):
+    """The (text) config of ``model``: the embedded alias, a local directory or a hub id."""
+    from transformers import AutoConfig
+
+    from .models import DEFAULT_MODEL, prepare_default_model
+
+    source = str(prepare_default_model()) if model == DEFAULT_MODEL else model
+    if Path(source).exists() or model == DEFAULT_MODEL:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    else:
+        config = AutoConfig.from_pretrained(source)
+    return getattr(config, "text_config", None) or config
+
+
+def model_rotary(model: str = "smollm2-135m") -> Rotary:
+    """Instantiate ``model``'s rotary embedding class from its transformers modeling module."""
+    config = model_config(model)
+    mod = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    classes = [getattr(mod, n) for n in dir(mod) if n.endswith("RotaryEmbedding") and not n.startswith("_")]
+    if not classes or not hasattr(mod, "apply_rotary_pos_emb"):
+        raise ValueError(f"model type {config.model_type!r} has no rotary embedding in its modeling file")
+    module = classes[0](config=config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = float(params.get("rope_theta", getattr(config, "rope_theta", float("nan"))))
+    return Rotary(module, mod.apply_rotary_pos_emb, head_dim, theta, int(config.max_position_embeddings),
+                  module.inv_freq.double().numpy(), config.model_type)
+
+
+def frequency_table(rope: Rotary, context: int | None = None) -> pd.DataFrame:
+    """Per rotation pair k: angular frequency theta_k, wavelength ``2 pi / theta_k`` in tokens, and
+    the number of full turns over ``context`` tokens (default: the model's maximum)."""
+    context = context or rope.max_positions
+    wavelength = 2 * math.pi / rope.inv_freq
+    return pd.DataFrame({
+        "pair": np.arange(len(rope.inv_freq)), "theta": rope.inv_freq, "wavelength_tokens": wavelength,
+        "turns_over_context": context / wavelength,
+    }).set_index("pair")
+
+
+def check_relative_property(rope: Rotary, n: int = 256, max_position: int | None = None, seed: int = 0,
+                            rtol: float = 1e-4) -> CheckResult:
+    """Eq. 2.6: ``RoPE(q, t)^T RoPE(k, i)`` depends on ``t - i`` only.
+
+    Draws ``n`` random ``(q, k, t, i, s)`` and compares the score at ``(t, i)``
+    with the score at ``(t + s, i + s)``, both computed by the model's own
+    float32 code. The deviation is reported relative to ``|q| |k|``; float32
+    angles ``t * theta`` carry an absolute error of about ``t * 6e-8`` rad,
+    so the tolerance ``rtol`` scales with ``max_position``.
+    """
+    rng = np.random.default_rng(seed)
+    top = max_position or rope.max_positions
+    q = torch.as_tensor(rng.normal(size=(n, rope.head_dim)))
+    k = torch.as_tensor(rng.normal(size=(n, rope.head_dim)))
+    t = rng.integers(0, top // 2, n)
+    i = rng.integers(0, top // 2, n)
+    s = rng.integers(0, top // 2, n)
+    score = lambda a, b: (rope.rotate(q, torch.as_tensor(a)) * rope.rotate(k, torch.as_tensor(b))).sum(-1).double()  # noqa: E731
+    base, shifted = score(t, i), score(t + s, i + s)
+    norm = (q.norm(dim=-1) * k.norm(dim=-1))
+    rel = ((base - shifted).abs() / norm).numpy()
+    exact = (q * k).sum(-1).double()
+    same = score(np.zeros(n, int), np.zeros(n, int))  # at t = i = 0 the rotation is the identity
+    table = pd.DataFrame({"t": t, "i": i, "shift": s, "score": base.numpy(), "score_shifted": shifted.numpy(),
+                          "relative_deviation": rel})
+    passed = bool(rel.max() < rtol) and bool(torch.allclose(same, exact, rtol=1e-5, atol=1e-5))
+    return CheckResult(
+        "eq. 2.6 (relative position)", passed,
+        f"max |score(t,i) - score(t+s,i+s)| / (|q||k|) = {rel.max():.2e} over {n} random draws up to position "
+        f"{top} (tolerance {rtol:g}, float32 rotary code)", table, {"max_relative_deviation": float(rel.max())})
