@@ -49,6 +49,7 @@ DEFAULTS = {
     "seed": 0,
     "device": "cpu",
     "dtype": "auto",
+    "rope_scaling": None,
 }
 CAPTURE_KEYS = tuple(DEFAULTS)
 
@@ -81,8 +82,12 @@ _RECORDED = {"model": "model", "corpus": "corpus", "docs": "docs_requested", "se
 
 def _capture_mismatches(attrs: dict, params: dict) -> list[str]:
     """Differences between a capture's recorded parameters and the requested ones."""
-    return [f"{k}: file has {attrs.get(a)!r}, asked {params[k]!r}" for k, a in _RECORDED.items()
-            if attrs.get(a) != params[k]]
+    from .models import parse_rope_scaling
+
+    wanted = {**params, "rope_scaling": parse_rope_scaling(params["rope_scaling"])}
+    recorded = {**_RECORDED, "rope_scaling": "rope_scaling"}
+    return [f"{k}: file has {attrs.get(a)!r}, asked {wanted[k]!r}" for k, a in recorded.items()
+            if attrs.get(a) != wanted[k]]
 
 
 def load_or_capture(run_dir: str | os.PathLike, **params) -> xr.Dataset:
@@ -103,7 +108,7 @@ def load_or_capture(run_dir: str | os.PathLike, **params) -> xr.Dataset:
         run_dir.mkdir(parents=True, exist_ok=True)
         with _quiet():
             run_capture(params["model"], params["corpus"], path, seq_len=params["seq_len"], device=params["device"],
-                        dtype=params["dtype"], bucket_size=params["bucket_size"],
+                        dtype=params["dtype"], rope_scaling=params["rope_scaling"], bucket_size=params["bucket_size"],
                         samples_per_bucket=params["samples_per_bucket"], heads=params["heads"], seed=params["seed"],
                         docs=params["docs"], progress=False)
     cap = open_capture(path)

@@ -234,3 +234,126 @@ def check_theorem_4_4(dim: int = 16, n_pairs: int = 256, pi0: float = 0.1, n_t: 
                f"AP_inf = {b['AP_inf']:.4f} (pi0 = {b['pi0']:.3f}), C = {b['C']:.3f}, c = {b['c']:.3g}, "
                f"min |delta_1| = {np.abs(delta[delta[:, 0] != 0, 0]).min():.3g}")
     return CheckResult("Theorem 4.4 (aggregate decay)", passed, summary, table, b)
+
+
+def aggregate_bound_for_heads(stats, metrics=None, route: str = "sharp") -> pd.DataFrame:
+    """Theorem 4.4's constants for real heads, from :func:`qkplast.plasticity.pair_statistics`.
+
+    All valid pairs of all query buckets of a head enter one bound (the proof
+    treats the pair set as fixed). Returns per head: ``pi0``, ``AP_inf``, ``C``,
+    ``c``, ``T`` (where the bound starts), ``T / seq_len``, the bound at the end
+    of the window, and, when ``metrics`` is given, the measured plasticity of
+    the last query bucket.
+    """
+    rows = []
+    for h in range(stats.sizes["head"]):
+        s = stats.isel(head=h)
+        ok = s.valid.values
+        var = {"diagonal": s.v_diag, "full": s.v_full, "joint": s.v_joint}[stats.attrs["options"]["covariance"]]
+        b = aggregate_bound(s.delta1.values[ok], var.values[ok], s.z0.values[ok], float(s.beta_pos), route)
+        end = float(stats.tau.max())
+        row = {"layer": int(s.layer), "q_head": int(s.q_head), **b, "T_over_window": b["T"] / end,
+               "bound_at_window_end": b["AP_inf"] + b["C"] * math.exp(-b["c"] * end**2),
+               "min_abs_delta1": float(np.abs(s.delta1.values[ok]).min())}
+        if metrics is not None:
+            row["measured_AP_last_bucket"] = float(metrics.ap.sel(head=h).isel(query_bucket=-1))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- diagnostics on captured heads
+
+
+def rotate_capture(capture, rotation: np.ndarray):
+    """The capture with every head's queries and keys turned by the orthogonal matrix ``rotation``.
+
+    All dot products ``q^T k`` are unchanged, so any basis-free analysis must
+    give the same result on both.
+    """
+    r = np.asarray(rotation, float)
+    return capture.assign(q=(capture.q.dims, capture.q.values @ r.T), k=(capture.k.dims, capture.k.values @ r.T))
+
+
+def basis_dependence(capture, seed: int = 0, covariances=("diagonal", "full"), heads=None, **options) -> pd.DataFrame:
+    """How much plasticity changes when Q and K are turned by one random orthogonal matrix.
+
+    A quantity that depends on q^T k only must not move. Returns, per
+    covariance option, the largest and mean absolute change of ``ap`` and the
+    change of the mean ``ap_drop``. ``heads`` (positions along ``head``) limits the work.
+    """
+    import warnings
+
+    from .plasticity import PlasticityWarning, plasticity
+
+    if heads is not None:
+        capture = capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
+    r = random_orthogonal(np.random.default_rng(seed), 1, capture.sizes["dim"])[0]
+    moved = rotate_capture(capture, r)
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        for cov in covariances:
+            a = plasticity(capture, covariance=cov, seed=seed, **options)
+            b = plasticity(moved, covariance=cov, seed=seed, **options)
+            d = np.abs(a.ap.values - b.ap.values)
+            rows.append({"covariance": cov, "max_abs_change_ap": float(np.nanmax(d)),
+                         "mean_abs_change_ap": float(np.nanmean(d)),
+                         "change_mean_ap_drop": float(b.ap_drop.mean() - a.ap_drop.mean())})
+    return pd.DataFrame(rows).set_index("covariance")
+
+
+def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
+    """Lemma A.1 calls v independent of t, but v uses the statistics of the query's bucket.
+
+    The key pairs of the last query bucket are held fixed and their variance
+    ``v`` (options' covariance) is evaluated with the statistics of every query
+    bucket that has queries; per head, the median over pairs of ``max_b v / min_b v``.
+    """
+    import torch
+
+    from ._torch import as_f64, resolve_device
+    from .linalg import householder_apply, householder_vector
+    from .options import AnalysisOptions
+    from .plasticity import _layout, query_model
+    from .stats import slope
+
+    opt = AnalysisOptions.from_kwargs(None, **options)
+    dev = resolve_device(opt.device)
+    sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
+    lay = _layout(sub, opt, dev, warn=False)
+    q, k = as_f64(sub["q"], dev), as_f64(sub["k"], dev)
+    u = householder_vector(slope(q, lay.t))
+    qr, kr = householder_apply(u, q), householder_apply(u, k)
+    model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
+    last = lay.pvalid[-1]
+    delta = kr[:, lay.pi[-1][last]] - kr[:, lay.pj[-1][last]]  # [head, pair, dim]
+    if model.full:
+        v = torch.einsum("hpd,hbde,hpe->hbp", delta, model.cov, delta)
+    else:
+        v = torch.einsum("hpd,hbd->hbp", delta * delta, model.cov)
+    has_queries = torch.as_tensor(lay.counts >= opt.min_bucket_samples, device=dev)
+    v = v[:, has_queries]
+    spread = (v.amax(1) / v.amin(1)).median(-1).values.cpu().numpy()
+    return pd.DataFrame({"layer": sub.layer.values, "q_head": sub.q_head.values, "median_max_over_min_v": spread})
+
+
+def key_position_preference(capture, metrics) -> pd.DataFrame:
+    """Which key positions does a positive bias_strength favour?
+
+    Per head: the least-squares slope, over key position, of the mean query's
+    score with each captured key, ``mean_q(q)^T k``, and the same restricted to
+    the drift axis. Eq. 4.6's reading is that the axis-a slope equals
+    ``bias_strength``; the full-score slope shows what the whole score does.
+    """
+    t = capture.position.values.astype(float)
+    q_mean = capture.q.values.mean(1)  # [head, dim]
+    score = np.einsum("hd,hsd->hs", q_mean, capture.k.values)  # [head, sample]
+    a = metrics.axis_a.values
+    score_a = (q_mean * a).sum(-1)[:, None] * np.einsum("hd,hsd->hs", a, capture.k.values)
+    tc = t - t.mean()
+    slope_fn = lambda y: ((y - y.mean(1, keepdims=True)) * tc).sum(1) / (tc * tc).sum()  # noqa: E731
+    return pd.DataFrame({
+        "layer": capture.layer.values, "q_head": capture.q_head.values,
+        "bias_strength": metrics.bias_strength.values, "slope_score_axis_a": slope_fn(score_a),
+        "slope_score_full": slope_fn(score),
+    })
