@@ -8,27 +8,32 @@ Usage::
 What is measured
 ----------------
 Every measurement runs in a fresh child process, alternating bare / capture,
-so that neither inherits the other's allocator state or page cache. A child
-loads the model, tokenizes the first ``seq-len``-token window of the corpus,
-runs a 256-token warm-up of its own kind, then measures one operation:
+so that neither inherits the other's allocator state. A child loads the model,
+cuts the corpus's first ``seq-len``-token window, runs a 256-token warm-up of
+its own kind, then measures one operation:
 
 bare
     ``text_decoder(model)(input_ids, use_cache=False)`` under
-    ``torch.inference_mode`` with the model's default attention (sdpa): the
-    forward pass the capture is built on, without lm_head logits.
+    ``torch.inference_mode`` with the chosen attention kernel (sdpa by
+    default): the forward pass the capture is built on, without lm_head logits.
 capture
-    :func:`qkplast.capture.capture` of that one document, end to end: the probe
-    forward, head and position sampling, the forward pass through the capture
-    hook (delegating to the same sdpa kernel), the part file and the final
-    capture file written to a temporary directory.
+    :func:`qkplast.capture.capture` of the same window, end to end: cutting the
+    window from the corpus, the probe forward, head and position sampling, the
+    forward pass through the capture hook (delegating to the same kernel), the
+    part file and the final capture file written to a temporary directory.
 
-Time is wall-clock (``time.perf_counter``). Peak memory is the peak resident
-set size of the child during the operation: the kernel's high-water mark
-(``VmHWM``) is reset by writing ``5`` to ``/proc/self/clear_refs`` just before
-the operation and read just after; the table shows it both in absolute terms and
-above the resident size at the start of the operation (model, tokenizer and
-input already loaded). On CUDA the peak of ``torch.cuda.max_memory_allocated``
-is reported as well. Ratios are capture / bare of the medians over repeats.
+Time is wall-clock (``time.perf_counter``) and process CPU time
+(``time.process_time``, all threads). Wall-clock time on a shared machine only
+grows with outside load, so its minimum over repeats is shown next to the
+median. Peak memory is the peak resident set size of the child during the
+operation: the kernel's high-water mark (``VmHWM``) is reset by writing ``5``
+to ``/proc/self/clear_refs`` just before the operation and read just after; it
+is shown in absolute terms and above the resident size at the start of the
+operation (model, tokenizer and input already loaded). On CUDA the peak of
+``torch.cuda.max_memory_allocated`` is shown as well. Unless already set, the
+children run with ``MALLOC_MMAP_THRESHOLD_=65536`` and
+``OMP_WAIT_POLICY=PASSIVE`` (see ``main`` for why). Ratios are capture / bare
+of each column.
 """
 
 from __future__ import annotations
@@ -107,7 +112,7 @@ def _child(args) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         exact_peak = _reset_peak()
         rss_start = _status_kb("VmRSS")
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if args.mode == "bare":
             bare(args.seq_len)
         else:
@@ -117,6 +122,7 @@ def _child(args) -> dict:
             torch.cuda.synchronize()
             result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
         result["seconds"] = time.perf_counter() - start
+        result["cpu_seconds"] = time.process_time() - cpu_start
         result["peak_rss_mb"] = (_status_kb("VmHWM") if exact_peak else _status_kb("VmPeak")) / 1024
     result.update(
         rss_start_mb=rss_start / 1024,
@@ -140,7 +146,7 @@ def _parse(argv=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
-    p.add_argument("--repeats", type=int, default=2, help="measurements of each kind, interleaved")
+    p.add_argument("--repeats", type=int, default=3, help="measurements of each kind, interleaved")
     p.add_argument("--mode", choices=["bare", "capture"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -159,58 +165,53 @@ def main(argv=None) -> int:
     if args.model == DEFAULT_MODEL:
         prepare_default_model()  # the one-off conversion must not be timed
     forwarded = list(argv if argv is not None else sys.argv[1:])
+    # Both kinds run with the same environment. A fixed mmap threshold stops glibc from raising it (and
+    # then keeping freed blocks) as large tensors come and go, so peak RSS tracks live memory rather than
+    # allocator history, which otherwise moves it by hundreds of MB between identical runs. Passive OpenMP
+    # waiting keeps a forward pass from slowing down several-fold when another process holds a core.
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_WAIT_POLICY": "PASSIVE", **os.environ, "TQDM_DISABLE": "1"}
     runs = {"bare": [], "capture": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             for mode in ("bare", "capture"):
                 result = Path(tmp) / f"{mode}-{i}.json"
                 cmd = [sys.executable, __file__, *forwarded, "--mode", mode, "--result", str(result)]
-                subprocess.run(cmd, check=True, env={**os.environ, "TQDM_DISABLE": "1"})
+                subprocess.run(cmd, check=True, env=env)
                 runs[mode].append(json.loads(result.read_text()))
                 r = runs[mode][-1]
                 print(
-                    f"  run {i + 1} {mode:7s}: {r['seconds']:8.2f} s, peak RSS {r['peak_rss_mb']:8.1f} MB "
-                    f"({r['peak_rss_mb'] - r['rss_start_mb']:7.1f} MB above start)",
+                    f"  run {i + 1} {mode:7s}: wall {r['seconds']:7.2f} s, CPU {r['cpu_seconds']:7.2f} s, "
+                    f"peak RSS {r['peak_rss_mb']:7.1f} MB ({r['peak_rss_mb'] - r['rss_start_mb']:6.1f} MB above start)",
                     flush=True,
                 )
-    med = {
-        mode: {
-            key: statistics.median(r[key] for r in rs)
-            for key in (
-                "seconds",
-                "peak_rss_mb",
-                "rss_start_mb",
-                *(["cuda_peak_mb"] if "cuda_peak_mb" in rs[0] else []),
-            )
-        }
-        for mode, rs in runs.items()
-    }
+    for rs in runs.values():
+        for r in rs:
+            r["above_start_mb"] = r["peak_rss_mb"] - r["rss_start_mb"]
+    columns = [
+        ("wall min [s]", "seconds", min),
+        ("wall median [s]", "seconds", statistics.median),
+        ("CPU median [s]", "cpu_seconds", statistics.median),
+        ("peak RSS [MB]", "peak_rss_mb", statistics.median),
+        ("above start [MB]", "above_start_mb", statistics.median),
+    ]
+    if "cuda_peak_mb" in runs["bare"][0]:
+        columns.append(("CUDA peak [MB]", "cuda_peak_mb", statistics.median))
+    table = {mode: [agg(r[key] for r in rs) for _, key, agg in columns] for mode, rs in runs.items()}
     first = runs["capture"][0]
     peak_kind = "VmHWM reset per run" if first["exact_peak"] else "VmPeak (process lifetime; clear_refs unavailable)"
     print(
         f"model {args.model} ({first['model_class']}), {args.seq_len} tokens, {first['dtype']} on {first['device']}, "
         f"attention {args.attn}; capture of {first['heads']} heads x {first['samples']} samples; "
-        f"median of {args.repeats} runs each; peak memory: {peak_kind}"
+        f"{args.repeats} runs of each kind; peak memory: {peak_kind}, medians"
     )
-    header = f"{'':14s}{'time [s]':>10s}{'peak RSS [MB]':>16s}{'above start [MB]':>19s}"
-    if "cuda_peak_mb" in med["bare"]:
-        header += f"{'CUDA peak [MB]':>17s}"
-    print(header)
+    print(f"{'':14s}" + "".join(f"{name:>18s}" for name, _, _ in columns))
     for mode, label in (("bare", "bare forward"), ("capture", "capture")):
-        m = med[mode]
-        line = f"{label:14s}{m['seconds']:10.2f}{m['peak_rss_mb']:16.1f}{m['peak_rss_mb'] - m['rss_start_mb']:19.1f}"
-        if "cuda_peak_mb" in m:
-            line += f"{m['cuda_peak_mb']:17.1f}"
-        print(line)
-    b, c = med["bare"], med["capture"]
-    ratios = (
-        f"ratio capture/bare: time {c['seconds'] / b['seconds']:.3f}, "
-        f"peak RSS {c['peak_rss_mb'] / b['peak_rss_mb']:.3f}, "
-        f"peak RSS above start {(c['peak_rss_mb'] - c['rss_start_mb']) / (b['peak_rss_mb'] - b['rss_start_mb']):.3f}"
+        print(f"{label:14s}" + "".join(f"{value:18.2f}" for value in table[mode]))
+    ratios = ", ".join(
+        f"{name.split(' [')[0]} {c / b:.3f}"
+        for (name, _, _), b, c in zip(columns, table["bare"], table["capture"], strict=True)
     )
-    if "cuda_peak_mb" in b:
-        ratios += f", CUDA peak {c['cuda_peak_mb'] / b['cuda_peak_mb']:.3f}"
-    print(ratios + " (target: at most 1.05)")
+    print(f"ratio capture/bare: {ratios} (target: at most 1.05)")
     return 0
 
 
