@@ -36,7 +36,6 @@
 # 500 LongBench-Pro documents. The default run here is smaller so that it finishes in about a minute on a
 # CPU: 8 windows of 2048 tokens from the Python documentation, $B = 128$ (the same 16 buckets) and $m = 4$.
 
-# %%
 # %% tags=["parameters"]
 model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
 run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
@@ -89,7 +88,8 @@ pd.DataFrame({"layer": capture.layer.values, "q_head": capture.q_head.values, "k
 counts = np.bincount(capture.bucket.values, minlength=seq_len // bucket_size)
 print("samples per bucket:", counts.tolist())
 print(f"expected {samples_per_bucket * capture.attrs['n_docs']} per bucket; smallest {counts.min()}, largest {counts.max()}")
-assert counts.min() > 0, "a bucket without samples cannot be analysed"
+if counts.min() == 0:
+    print("warning: some buckets have no samples; their statistics will be NaN (raise docs or samples_per_bucket)")
 fig = qp.sampling_coverage(capture)
 
 # %% [markdown]

@@ -29,7 +29,6 @@
 # *content-focused* (both below 0.3) and *mixed* (the rest; the thesis has no key-positional class, so a
 # head with only $|r_k^{(0)}| > 0.7$ is mixed).
 
-# %%
 # %% tags=["parameters"]
 model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
 run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
@@ -76,13 +75,14 @@ fig = qp.pc_correlations(metrics)
 
 # %% [markdown]
 # The sign convention is a choice, so it must be checked: on every component the dominant correlation
-# is non-negative.
+# is non-negative. (Empirical claims of the thesis are printed, not asserted: on another model they may
+# fail, and that is a result, not an error.)
 
 # %%
 dominant = np.where(abs(metrics.r_q_pc) >= abs(metrics.r_k_pc), metrics.r_q_pc, metrics.r_k_pc)
 assert (dominant >= 0).all()
-assert float(abs(metrics.r_q_pc[:, 0]).mean()) > float(abs(metrics.r_k_pc[:, 0]).mean()), \
-    "the PCA picture of the thesis: queries look more positional than keys on PC0"
+q_first = float(abs(metrics.r_q_pc[:, 0]).mean()) > float(abs(metrics.r_k_pc[:, 0]).mean())
+print(f"queries look more positional than keys on PC0, as in the thesis: {q_first}")
 
 # %% [markdown]
 # ## Head taxonomy

@@ -45,7 +45,6 @@
 # (The thesis states the bound for all $t$; its proof gives it for $t \ge T$. Since $\mathrm{AP}_t \le 1$, a
 # larger $C$ extends it to all $t$, so nothing is lost, but the constants below are the proof's.)
 
-# %%
 # %% tags=["parameters"]
 model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
 run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use

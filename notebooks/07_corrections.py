@@ -21,7 +21,6 @@
 # the default run (or on planted data where a controlled case is clearer). None of them overturns the
 # qualitative picture; several change numbers, and one changes how the closed form should be computed.
 
-# %%
 # %% tags=["parameters"]
 model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
 run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
@@ -72,8 +71,8 @@ ratio = ratio[~np.isnan(ratio)]
 print(f"v_diag / v_full: median {np.median(ratio):.2f}, 5-95% range {np.percentile(ratio, 5):.2f}-"
       f"{np.percentile(ratio, 95):.2f} over {ratio.size:,} (head, pair) terms")
 basis = theory.basis_dependence(capture, seed=seed, heads=slice(0, check_heads))
-assert basis.loc["full", "max_abs_change_ap"] < 1e-9
-assert basis.loc["diagonal", "max_abs_change_ap"] > 1e-3
+assert basis.loc["full", "max_abs_change_ap"] < 1e-9, "the full-covariance closed form must be basis-free"
+print(f"the diagonal closed form moves under a change of basis: {basis.loc['diagonal', 'max_abs_change_ap'] > 1e-3}")
 basis.map(lambda v: f"{v:.3g}" if abs(v) > 1e-12 else "< 1e-12")
 
 # %% [markdown]
@@ -98,7 +97,6 @@ pd.DataFrame({"diagonal (eq. 4.12)": [float(metrics[n].mean()) for n in ("ap_ove
 spread = theory.variance_across_buckets(capture, seed=seed)
 print(f"per head, median over pairs of max_b v / min_b v: median {spread.median_max_over_min_v.median():.2f}, "
       f"range {spread.median_max_over_min_v.min():.2f}-{spread.median_max_over_min_v.max():.2f}")
-assert spread.median_max_over_min_v.median() > 1.05
 
 # %% [markdown]
 # Within a bucket the argument holds as stated; across buckets the theorem needs a bound on
@@ -157,7 +155,6 @@ agree = float((np.sign(pref.slope_score_full) == np.sign(pref.bias_strength)).me
 positive = pref.bias_strength > 0
 print(f"heads with positive bias strength whose full mean score rises with key position: "
       f"{float((pref.slope_score_full[positive] > 0).mean()):.1%}; sign agreement over all heads {agree:.1%}")
-assert agree > 0.9
 
 # %% [markdown]
 # ## 6. Lemma A.2's $T_0$ does not ensure $|z| \ge 1$

@@ -131,7 +131,8 @@ def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) 
     path = Path(run_dir) / "metrics.nc"
     if path.exists():
         metrics = open_dataset(path)
-        if metrics.attrs.get("options") == opt.to_dict():
+        saved = AnalysisOptions.from_kwargs(None, **metrics.attrs.get("options", {}))
+        if saved.result_key() == opt.result_key():
             return metrics, list(metrics.attrs.get("warnings", []))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -212,7 +213,7 @@ def run(model: str, out: str | os.PathLike | None = None, *, device: str = "cpu"
     t0 = time.perf_counter()
     cap = load_or_capture(out, **capture_params)
     manifest["timings_s"]["capture"] = round(time.perf_counter() - t0, 2)
-    analysis_opts = {k: v for k, v in params.items() if k in AnalysisOptions.__dataclass_fields__ and k != "seed"}
+    analysis_opts = {k: v for k, v in params.items() if k in AnalysisOptions.__dataclass_fields__}
     t0 = time.perf_counter()
     load_or_analyze(out, cap, **analysis_opts)
     manifest["timings_s"]["analyze"] = round(time.perf_counter() - t0, 2)

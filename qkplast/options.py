@@ -22,6 +22,9 @@ _CHOICES = {
 }
 
 
+EXECUTION_OPTIONS = ("device", "head_chunk")
+
+
 @dataclass(frozen=True)
 class AnalysisOptions:
     """Options of :func:`qkplast.analyze`.
@@ -151,3 +154,7 @@ class AnalysisOptions:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def result_key(self) -> dict:
+        """The options that can change results: all but the execution ones (``device``, ``head_chunk``)."""
+        return {k: v for k, v in asdict(self).items() if k not in EXECUTION_OPTIONS}
