@@ -62,6 +62,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         f"{attrs['n_docs']} documents of {attrs['seq_len']} tokens, model {attrs['model']!r} ({attrs['dtype']}, "
         f"{attrs['device']})"
     )
+    if args.docs is not None and attrs["n_docs"] < args.docs:
+        print(f"note: the corpus gave only {attrs['n_docs']} of the {args.docs} documents asked for", file=sys.stderr)
     print(f"wrote {args.out}")
     return 0
 

@@ -77,7 +77,9 @@ __all__ = [
     "LayerInfo",
     "ModelLayout",
     "HeadPlan",
+    "capture_attn_name",
     "register_capture_attention",
+    "text_decoder",
     "inspect_model",
     "sample_heads",
     "sample_positions",
@@ -583,7 +585,7 @@ def _document_dataset(q, k, positions, window, bucket_size: int, plan: HeadPlan)
         {"q": (("head", "sample", "dim"), q), "k": (("head", "sample", "dim"), k)},
         coords={
             "position": ("sample", positions.astype(np.int64)),
-            "doc": ("sample", np.array([window.doc_id] * len(positions), dtype=object).astype(str)),
+            "doc": ("sample", np.array([window.doc_id] * len(positions), dtype=str)),
             "bucket": ("sample", (positions // bucket_size).astype(np.int64)),
             "token": ("sample", window.input_ids[positions].astype(np.int64)),
             "layer": ("head", plan.layer),

@@ -173,7 +173,9 @@ def _record_document(record, text_field: str, id_field: str, fallback_id: str, w
     if not isinstance(record, dict):
         raise CorpusError(f"{where}: expected a JSON object with a {text_field!r} field, got {type(record).__name__}")
     if text_field not in record:
-        raise CorpusError(f"{where}: no text field {text_field!r} (fields: {sorted(record)}); choose it with --text-field")
+        raise CorpusError(
+            f"{where}: no text field {text_field!r} (fields: {sorted(record)}); choose it with --text-field"
+        )
     text = record[text_field]
     if not isinstance(text, str):
         raise CorpusError(f"{where}: field {text_field!r} must be a string, got {type(text).__name__}")
@@ -210,7 +212,8 @@ def _hf_documents(name: str, split: str, text_field: str, id_field: str) -> Iter
         raise CorpusError(f"cannot load Hugging Face dataset {name!r} split {split!r}: {exc}") from exc
     if text_field not in ds.column_names:
         raise CorpusError(
-            f"dataset {name!r} has no text column {text_field!r} (columns: {ds.column_names}); choose it with --text-field"
+            f"dataset {name!r} has no text column {text_field!r} (columns: {ds.column_names}); "
+            "choose it with --text-field"
         )
     for i, record in enumerate(ds):
         yield _record_document(record, text_field, id_field, f"{name}:{split}:{i}", f"{name}[{split}][{i}]")
@@ -382,4 +385,3 @@ def describe_policy(short_docs: str) -> str:
             "longer documents are truncated to seq_len"
         )
     return "documents shorter than seq_len are skipped and counted; longer documents are truncated to seq_len"
-

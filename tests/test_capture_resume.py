@@ -88,6 +88,31 @@ def test_killed_capture_resumes_to_the_uninterrupted_result(model_dir, reference
     _assert_same_capture(resumed, reference)
 
 
+def test_resume_reuses_every_part_including_documents_without_samples(model_dir, tmp_path, monkeypatch):
+    import qkplast.capture as capture_module
+
+    args = {**ARGS, "samples_per_bucket": 0.1}  # most 64-token documents get no sample at all
+    expected = run_capture(str(model_dir), "pydoc-topics", tmp_path / "ref.nc", **args)
+    assert expected.attrs["n_docs"] == 12 and 0 < len(set(expected["doc"].values)) < 12
+    out, parts = tmp_path / "cap.nc", tmp_path / "cap.nc.parts"
+
+    def disk_full(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(capture_module, "save_capture", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        run_capture(str(model_dir), "pydoc-topics", out, **args)
+    assert not out.exists() and len(list(parts.glob("doc-*.nc"))) == 12
+    monkeypatch.undo()
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("every document is already in the parts; nothing should be recomputed")
+
+    monkeypatch.setattr(capture_module.Capturer, "capture_window", no_forward)
+    _assert_same_capture(run_capture(str(model_dir), "pydoc-topics", out, **args), expected)
+    assert not parts.exists()
+
+
 def test_parts_from_other_arguments_are_refused(model_dir, tmp_path):
     out = tmp_path / "cap.nc"
     parts = tmp_path / "cap.nc.parts"
