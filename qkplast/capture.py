@@ -735,7 +735,7 @@ def capture(
     out = None if out is None else Path(out)
     if out is not None:
         _check_output(out, overwrite)
-    check_seq_len(model.config, seq_len)
+    check_seq_len(model.config, seq_len, rope_scaling=(model_info or {}).get("rope_scaling"))
 
     capturer = Capturer(model, heads=heads, seed=seed, attn=attn, allow_unverified=allow_unverified)
     layout, plan = capturer.layout, capturer.plan
@@ -929,7 +929,9 @@ def run_capture(
     # Output and corpus problems are reported before the (slow) model load.
     _check_output(out, options.get("overwrite", False))
     documents = open_corpus(corpus, text_field=text_field, id_field=id_field)
-    loaded = load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling, revision=revision)
+    loaded = load_model(
+        model, device=device, dtype=dtype, rope_scaling=rope_scaling, revision=revision, seq_len=seq_len
+    )
     if seq_len is None:
         seq_len = min(loaded.info["max_positions"], 131072)
     return capture(loaded.model, loaded.tokenizer, documents, out, seq_len=seq_len, model_info=loaded.info, **options)

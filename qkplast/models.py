@@ -300,6 +300,7 @@ def load_model(
     rope_scaling: str | dict | None = None,
     revision: str | None = None,
     local_files_only: bool | None = None,
+    seq_len: int | None = None,
 ) -> LoadedModel:
     """Resolve ``name`` and load the model and tokenizer for capture.
 
@@ -318,6 +319,9 @@ def load_model(
     local_files_only : bool, optional
         Never contact the hub; defaults to true when ``HF_HUB_OFFLINE`` or
         ``TRANSFORMERS_OFFLINE`` is set.
+    seq_len : int, optional
+        Checked against the (possibly RoPE-scaled) config before the weights
+        are loaded, so that a too-long request fails in seconds.
 
     Raises
     ------
@@ -357,6 +361,8 @@ def load_model(
         info["revision"] = config._commit_hash
     if scaling is not None:
         _apply_rope_scaling(config, scaling)
+    if seq_len is not None:
+        check_seq_len(config, seq_len, rope_scaling=scaling)
     try:
         model_class = _auto_model_class(config)
         load_kwargs = {"config": config, "dtype": torch_dtype, **kwargs}

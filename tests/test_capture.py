@@ -237,6 +237,15 @@ def test_capture_leaves_the_model_output_and_attention_setting_unchanged(tokeniz
     assert torch.equal(before, after)
 
 
+def test_bfloat16_model_gives_float32_vectors(tokenizer):
+    model = tiny_model("llama").to(torch.bfloat16)
+    ds = _capture(model, tokenizer, heads=3)
+    assert ds["q"].dtype == np.float32 and ds["k"].dtype == np.float32
+    assert ds.attrs["dtype"] == "bfloat16"
+    # bf16 vectors are exactly representable in float32: the low 16 bits of every value are zero.
+    assert not (ds["q"].values.view(np.uint32) & 0xFFFF).any()
+
+
 def test_sliding_window_layers_are_absent(tokenizer):
     model = tiny_model("ministral")
     ds = _capture(model, tokenizer)
