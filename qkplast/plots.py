@@ -6,15 +6,12 @@ pair statistics), so a notebook cell is one call.
 
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import xarray as xr
 
-matplotlib.use(matplotlib.get_backend() if matplotlib.get_backend() else "Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import xarray as xr  # noqa: E402
-
-from .pca import TAXONOMY  # noqa: E402
-from .theory import lemma_a2_constants, pp_from_z  # noqa: E402
+from .pca import TAXONOMY
+from .theory import lemma_a2_constants, pp_from_z
 
 Q_COLOR, K_COLOR = "tab:blue", "tab:red"
 

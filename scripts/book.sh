@@ -9,7 +9,7 @@ start=$(date +%s)
 step() { echo "[book] $(( $(date +%s) - start ))s: $*"; }
 step "1/4 install"
 bash scripts/setup.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYDEVD_DISABLE_FILE_VALIDATION=1
 step "2/4 capture, analyses and notebooks for smollm2-135m (qkplast run; progress per notebook below)"
 .venv/bin/qkplast run --model smollm2-135m --out runs/smollm2-135m
 step "3/4 collecting the executed notebooks of the default run"

@@ -3,7 +3,7 @@
 # (what nbval compares against) come from the defaults. Run after editing a notebook's .py file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYDEVD_DISABLE_FILE_VALIDATION=1
 .venv/bin/jupytext --sync notebooks/[0-9][0-9]_*.py
 for nb in notebooks/[0-9][0-9]_*.ipynb; do
   echo "[refresh] $nb"

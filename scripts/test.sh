@@ -3,9 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 nb=()
 if compgen -G "notebooks/*.ipynb" >/dev/null; then
-  nb=(--nbval notebooks --sanitize-with notebooks/sanitize.cfg)
+  nb=(--nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg)
 fi
 .venv/bin/python -m pytest tests "${nb[@]}" "$@"

@@ -8,7 +8,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("MPLBACKEND", "Agg")
 
 SEED = 20260
 
