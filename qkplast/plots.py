@@ -194,3 +194,16 @@ def lemma_a2_pairs(stats: xr.Dataset, head: int = 0, n_pairs: int = 6, t_max: fl
            title="PP(t) (solid) and the Lemma A.2 bound from T0 on (dashed)")
     ax.legend()
     return fig
+
+
+def compare_profiles(profiles: xr.DataArray):
+    """Mean plasticity profile of several runs over the context fraction (from :func:`qkplast.batch.context_profiles`)."""
+    fig, (ax,) = _fig()
+    x = np.arange(profiles.sizes["context_bin"])
+    for run in profiles.run.values:
+        ax.plot(x, profiles.sel(run=run), "o-", label=str(run))
+    ax.set_xticks(x, [f"{20 * i}-{20 * (i + 1)}%" for i in x] if len(x) == 5 else [str(i) for i in x])
+    ax.set(xlabel="query position (share of the context window)", ylabel="mean attention plasticity",
+           title="plasticity profiles across runs")
+    ax.legend()
+    return fig

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+echo "[book] building the companion book; expect about 10 minutes from scratch on 2 cores, 3-4 on a rerun"
 step() { echo "[book] $(( $(date +%s) - start ))s: $*"; }
 step "1/4 install"
 bash scripts/setup.sh

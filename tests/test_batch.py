@@ -73,6 +73,11 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
     assert manifest["parameters"]["seq_len"] == 256 and manifest["device"] == "cpu"
     table = batch.compare([out])
     assert table.loc["run", "seq_len"] == 256 and 0 < table.loc["run", "ap_overall"] < 1
+    profiles = batch.context_profiles([out, out])
+    assert profiles.dims == ("run", "context_bin") and profiles.sizes["context_bin"] == 5
+    from qkplast.plots import compare_profiles
+
+    assert len(compare_profiles(profiles.isel(run=[0])).axes[0].lines) == 1
     # a second run reuses the capture; other capture parameters are refused, not silently mixed
     with pytest.raises(CaptureError, match="docs: file has 2, asked 3"):
         batch.load_or_capture(out, **{**TINY, "docs": 3})
