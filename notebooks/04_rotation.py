@@ -1,7 +1,9 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: -papermill,-execution,-ExecuteTime
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -papermill,-widgets
 #     text_representation:
 #       extension: .py
 #       format_name: percent

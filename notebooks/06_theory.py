@@ -1,7 +1,9 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: -papermill,-execution,-ExecuteTime
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -papermill,-widgets
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -13,7 +15,7 @@
 #     name: python3
 # ---
 
-# %% [markdown] papermill={"duration": 0.008034, "end_time": "2026-11-21T12:50:55.514457+00:00", "exception": false, "start_time": "2026-11-21T12:50:55.506423+00:00", "status": "completed"}
+# %% [markdown]
 # # Theory: why plasticity decays
 #
 # The Gaussian closed form of {doc}`05_plasticity` suggests a mechanism: the positional part of the mean
@@ -45,7 +47,7 @@
 # (The thesis states the bound for all $t$; its proof gives it for $t \ge T$. Since $\mathrm{AP}_t \le 1$, a
 # larger $C$ extends it to all $t$, so nothing is lost, but the constants below are the proof's.)
 
-# %% papermill={"duration": 0.02134, "end_time": "2026-11-21T12:50:55.539545+00:00", "exception": false, "start_time": "2026-11-21T12:50:55.518205+00:00", "status": "completed"} tags=["parameters"]
+# %% tags=["parameters"]
 model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
 run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
 corpus = "pydoc-topics"  # prose that every Python install carries (the standard library docs)
@@ -62,7 +64,7 @@ n_draws = 200_000  # simulated queries per position in the Lemma A.1 check: z-sc
 n_params = 500  # random (gamma, z0) in the Lemma A.2 check
 example_head = 0  # position along `head` of the real head drawn against the Lemma A.2 bound
 
-# %% papermill={"duration": 22.578194, "end_time": "2026-11-21T12:51:18.120499+00:00", "exception": false, "start_time": "2026-11-21T12:50:55.542305+00:00", "status": "completed"}
+# %%
 import numpy as np
 import pandas as pd
 
@@ -77,7 +79,7 @@ metrics, notes = load_or_analyze(run_dir, capture, seed=seed)
 stats = pair_statistics(capture, seed=seed)  # every pair's terms of the closed form, every head
 print(f"{stats.sizes['head']} heads x {stats.sizes['query_bucket']} query buckets x {stats.sizes['pair']} pairs")
 
-# %% [markdown] papermill={"duration": 0.001325, "end_time": "2026-11-21T12:51:18.124232+00:00", "exception": false, "start_time": "2026-11-21T12:51:18.122907+00:00", "status": "completed"}
+# %% [markdown]
 # ## Step 1: the score difference is Gaussian
 #
 # ```{prf:lemma} Gaussian score difference (Lemma A.1)
@@ -100,20 +102,20 @@ print(f"{stats.sizes['head']} heads x {stats.sizes['query_bucket']} query bucket
 # the formulas (z-scores), tests normality, and reports how far eq. 4.12's *diagonal* variance
 # $\delta_{2:d}^\top\operatorname{diag}(\Sigma_b)\delta_{2:d}$ is from the lemma's $v$ when $\Sigma_b$ is not diagonal.
 
-# %% papermill={"duration": 0.885327, "end_time": "2026-11-21T12:51:19.015381+00:00", "exception": false, "start_time": "2026-11-21T12:51:18.130054+00:00", "status": "completed"}
+# %%
 theory.check_lemma_a1(n_draws=n_draws, seed=seed).assert_passed()
 
-# %% [markdown] papermill={"duration": 0.001603, "end_time": "2026-11-21T12:51:19.019098+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.017495+00:00", "status": "completed"}
+# %% [markdown]
 # The lemma's variance uses the full $\Sigma_b$; the closed form that the thesis computes (eq. 4.12) uses its
 # diagonal. On the captured heads the two differ a lot, pair by pair:
 
-# %% papermill={"duration": 0.042841, "end_time": "2026-11-21T12:51:19.064825+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.021984+00:00", "status": "completed"}
+# %%
 ratio = (stats.v_diag / stats.v_full).values.ravel()
 ratio = ratio[~np.isnan(ratio)]
 print(f"v_diag / v_full over {ratio.size:,} (head, pair) terms: 5th percentile {np.percentile(ratio, 5):.2f}, "
       f"median {np.median(ratio):.2f}, 95th percentile {np.percentile(ratio, 95):.2f}")
 
-# %% [markdown] papermill={"duration": 0.001604, "end_time": "2026-11-21T12:51:19.068574+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.066970+00:00", "status": "completed"}
+# %% [markdown]
 # ## Step 2: one pair decays like a Gaussian in $t$
 #
 # Write $z(t) = m(t)/\sqrt{v} = \gamma t + z_0$ with $\gamma = \delta_1\beta_{\text{pos}}/\sqrt{v}$ and
@@ -146,21 +148,21 @@ print(f"v_diag / v_full over {ratio.size:,} (head, pair) terms: 5th percentile {
 # with the bound; it also counts how often the bound fails *before* $T_0$, which shows the condition is
 # needed.
 
-# %% papermill={"duration": 0.074836, "end_time": "2026-11-21T12:51:19.148840+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.074004+00:00", "status": "completed"}
+# %%
 theory.check_lemma_a2(n_params=n_params, route="thesis", seed=seed).assert_passed()
 
-# %% papermill={"duration": 0.050006, "end_time": "2026-11-21T12:51:19.207063+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.157057+00:00", "status": "completed"}
+# %%
 theory.check_lemma_a2(n_params=n_params, route="sharp", seed=seed).assert_passed()
 
-# %% [markdown] papermill={"duration": 0.009597, "end_time": "2026-11-21T12:51:19.222323+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.212726+00:00", "status": "completed"}
+# %% [markdown]
 # For real heads of the default model, a few key pairs of one head: $\mathrm{PP}(t)$ with each pair's
 # fitted $\gamma$ and $z_0$ (from its last query bucket's statistics), and the sharp bound from its $T_0$ on.
 # The dotted line marks the end of the captured window: for most pairs $T_0$ lies far beyond it.
 
-# %% papermill={"duration": 0.028365, "end_time": "2026-11-21T12:51:19.255303+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.226938+00:00", "status": "completed"}
+# %%
 fig = qp.lemma_a2_pairs(stats.isel(query_bucket=[-1]), head=example_head, seed=seed)
 
-# %% [markdown] papermill={"duration": 0.004645, "end_time": "2026-11-21T12:51:19.264916+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.260271+00:00", "status": "completed"}
+# %% [markdown]
 # ## Step 3: the average over pairs
 #
 # :::{prf:proof} of {prf:ref}`thm-decay`
@@ -179,15 +181,15 @@ fig = qp.lemma_a2_pairs(stats.isel(query_bucket=[-1]), head=example_head, seed=s
 # bucket indices, so $\delta_{\min}$ (and with it $c$) can be arbitrarily small; see {doc}`07_corrections`.
 # On simulated parameters:
 
-# %% papermill={"duration": 0.039343, "end_time": "2026-11-21T12:51:19.308591+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.269248+00:00", "status": "completed"}
+# %%
 theory.check_theorem_4_4(route="sharp", seed=seed).assert_passed()
 
-# %% [markdown] papermill={"duration": 0.006927, "end_time": "2026-11-21T12:51:19.323107+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.316180+00:00", "status": "completed"}
+# %% [markdown]
 # On the captured heads, the same constants from every pair of each head: the bound only starts at $T$,
 # which lies hundreds to thousands of windows beyond the captured context, so inside the window the
 # theorem says nothing quantitative, while the measured profile does fall (Table of {doc}`05_plasticity`).
 
-# %% papermill={"duration": 0.2395, "end_time": "2026-11-21T12:51:19.569529+00:00", "exception": false, "start_time": "2026-11-21T12:51:19.330029+00:00", "status": "completed"}
+# %%
 bounds = theory.aggregate_bound_for_heads(stats, metrics)
 print(f"T / window length over {len(bounds)} heads: median {bounds.T_over_window.median():.0f}, "
       f"smallest {bounds.T_over_window.min():.0f}")

@@ -10,7 +10,9 @@ echo "[book] building the companion book; expect about 10 minutes from scratch o
 step() { echo "[book] $(( $(date +%s) - start ))s: $*"; }
 step "1/4 install"
 bash scripts/setup.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYDEVD_DISABLE_FILE_VALIDATION=1
+# OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another
+# process (a notebook kernel beside pytest) is busy on this 2-core machine.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE PYDEVD_DISABLE_FILE_VALIDATION=1
 step "2/4 capture, analyses and notebooks for smollm2-135m (qkplast run; progress per notebook below)"
 .venv/bin/qkplast run --model smollm2-135m --out runs/smollm2-135m
 step "3/4 collecting the executed notebooks of the default run"

@@ -3,7 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another
+# process (a notebook kernel beside pytest) is busy on this 2-core machine.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE
 nb=()
 if compgen -G "notebooks/*.ipynb" >/dev/null; then
   nb=(--nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg)
