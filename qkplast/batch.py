@@ -90,9 +90,10 @@ def _capture_mismatches(attrs: dict, params: dict) -> list[str]:
             if attrs.get(a) != wanted[k]]
 
 
-def load_or_capture(run_dir: str | os.PathLike, **params) -> xr.Dataset:
+def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **params) -> xr.Dataset:
     """Open ``RUN/capture.nc``, or capture it first with ``params`` (keys of :data:`DEFAULTS`).
 
+    ``revision`` selects a hub revision of ``model`` (a training checkpoint).
     The capture streams to ``RUN/capture.nc.parts/`` and resumes if interrupted.
     An existing capture made with other parameters is an error, never silently reused.
     """
@@ -108,7 +109,7 @@ def load_or_capture(run_dir: str | os.PathLike, **params) -> xr.Dataset:
         run_dir.mkdir(parents=True, exist_ok=True)
         with _quiet():
             run_capture(params["model"], params["corpus"], path, seq_len=params["seq_len"], device=params["device"],
-                        dtype=params["dtype"], rope_scaling=params["rope_scaling"], bucket_size=params["bucket_size"],
+                        dtype=params["dtype"], rope_scaling=params["rope_scaling"], revision=revision, bucket_size=params["bucket_size"],
                         samples_per_bucket=params["samples_per_bucket"], heads=params["heads"], seed=params["seed"],
                         docs=params["docs"], progress=False)
     cap = open_capture(path)
@@ -141,6 +142,24 @@ def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) 
     metrics.attrs["warnings"] = messages
     save_dataset(metrics, path, overwrite=True)
     return metrics, messages
+
+
+def load_or_bootstrap(run_dir: str | os.PathLike, capture: xr.Dataset, n_boot: int = 40, seed: int = 0,
+                      **options) -> xr.Dataset:
+    """Open ``RUN/bootstrap.nc`` if it was made with these settings, else compute and save it."""
+    from .bootstrap import bootstrap
+
+    opt = AnalysisOptions.from_kwargs(None, **options)
+    path = Path(run_dir) / "bootstrap.nc"
+    key = {"n_boot": n_boot, "seed": seed, "options": opt.result_key()}
+    if path.exists():
+        ds = open_dataset(path)
+        if ds.attrs.get("key") == key:
+            return ds
+    ds = bootstrap(capture, n_boot=n_boot, seed=seed, options=opt)
+    ds.attrs["key"] = key
+    save_dataset(ds, path, overwrite=True)
+    return ds
 
 
 # --------------------------------------------------------------------------- qkplast run
@@ -294,5 +313,5 @@ def context_profiles(run_dirs: list[str | os.PathLike]) -> xr.DataArray:
     return xr.concat(profiles, "run")
 
 
-__all__ = ["DEFAULTS", "RunError", "compare", "context_profiles", "load_or_analyze", "load_or_capture", "run",
-           "summarize"]
+__all__ = ["DEFAULTS", "RunError", "compare", "context_profiles", "load_or_analyze", "load_or_bootstrap",
+           "load_or_capture", "run", "summarize"]

@@ -285,6 +285,48 @@ def _edge_masks(tau: np.ndarray, seq_len: int, options: AnalysisOptions):
     return idx < m, idx >= n - m
 
 
+def _bucket_weight(width, counts, opt: AnalysisOptions) -> np.ndarray:
+    return {"tokens": width.astype(float), "samples": counts.astype(float),
+            "uniform": np.ones(len(width))}[opt.bucket_weight]
+
+
+def summarize_profile(ap: np.ndarray, tau: np.ndarray, width, counts, seq_len: int, opt: AnalysisOptions) -> dict:
+    """The aggregates of section 4.4.5 from per-bucket plasticity ``ap`` ``[head, bucket]``.
+
+    Returns ``{name: (dims, values)}`` for ``ap_overall`` (weighted per
+    ``opt.bucket_weight``), ``ap_first20``, ``ap_last20``, ``ap_drop`` and the
+    context profile ``ap_context``; buckets with NaN plasticity are left out.
+    """
+    first, last = _edge_masks(tau, seq_len, opt)
+    ctx = np.clip(np.digitize(tau / seq_len, np.linspace(0, 1, opt.context_bins + 1)) - 1, 0, opt.context_bins - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are reported as NaN by design
+        f20 = np.nanmean(np.where(first, ap, np.nan), -1)
+        l20 = np.nanmean(np.where(last, ap, np.nan), -1)
+        prof = np.stack([np.nanmean(np.where(ctx == c, ap, np.nan), -1) for c in range(opt.context_bins)], -1)
+    return {
+        "ap_overall": ("head", _weighted_nanmean(ap, _bucket_weight(width, counts, opt))),
+        "ap_first20": ("head", f20),
+        "ap_last20": ("head", l20),
+        "ap_drop": ("head", f20 - l20),
+        "ap_context": (("head", "context_bin"), prof),
+    }
+
+
+def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.ndarray, _Layout]:
+    """Closed-form plasticity ``[head, query_bucket]`` only: no Monte Carlo, no maps (for resampling)."""
+    dev = resolve_device(options.device)
+    lay = _layout(capture, options, dev, warn=False)
+    dim = capture.sizes["dim"]
+    per_head = 8 * len(lay.buckets) * options.n_pairs * dim
+    out = []
+    for sl in head_chunks(capture.sizes["head"], options.head_chunk or auto_chunk(per_head, dev)):
+        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)
+        pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, options)[3]
+        out.append(_nanmean(pp, lay.pvalid, -1))
+    return to_numpy(torch.cat(out)), lay
+
+
 @dataclass
 class _Layout:
     """Everything about buckets and pairs that is shared by all heads."""
@@ -394,25 +436,9 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
 
     ap = to_numpy(torch.cat(ap))  # [head, bucket]
     ap_mc = to_numpy(torch.cat(ap_mc))
-    first, last = _edge_masks(pairs.tau, seq_len, opt)
-    weight = {"tokens": width.astype(float), "samples": counts.astype(float), "uniform": np.ones(n_bucket)}[opt.bucket_weight]
-    frac = pairs.tau / seq_len
-    ctx_edges = np.linspace(0, 1, opt.context_bins + 1)
-    ctx = np.clip(np.digitize(frac, ctx_edges) - 1, 0, opt.context_bins - 1)
-
-    def aggregates(a, suffix):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are reported as NaN by design
-            f20 = np.nanmean(np.where(first, a, np.nan), -1)
-            l20 = np.nanmean(np.where(last, a, np.nan), -1)
-            prof = np.stack([np.nanmean(np.where(ctx == c, a, np.nan), -1) for c in range(opt.context_bins)], -1)
-        return {
-            f"ap_overall{suffix}": ("head", _weighted_nanmean(a, weight)),
-            f"ap_first20{suffix}": ("head", f20),
-            f"ap_last20{suffix}": ("head", l20),
-            f"ap_drop{suffix}": ("head", f20 - l20),
-            f"ap_context{suffix}": (("head", "context_bin"), prof),
-        }
+    aggregates = lambda a, suffix: {  # noqa: E731
+        f"{name}{suffix}": value for name, value in summarize_profile(a, pairs.tau, width, counts, seq_len, opt).items()
+    }
 
     def finish_map(parts):
         s = to_numpy(torch.cat([p[0] for p in parts]))
@@ -445,12 +471,12 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
             "n_queries": ("query_bucket", counts),
             "n_pairs": ("query_bucket", pairs.valid.sum(1)),
             "n_admissible_pairs": ("query_bucket", pairs.n_admissible),
-            "bucket_weight": ("query_bucket", weight),
-            "in_first20": ("query_bucket", first),
-            "in_last20": ("query_bucket", last),
+            "bucket_weight": ("query_bucket", _bucket_weight(width, counts, opt)),
+            "in_first20": ("query_bucket", _edge_masks(pairs.tau, seq_len, opt)[0]),
+            "in_last20": ("query_bucket", _edge_masks(pairs.tau, seq_len, opt)[1]),
             "context_bin": np.arange(opt.context_bins),
-            "context_lo": ("context_bin", ctx_edges[:-1]),
-            "context_hi": ("context_bin", ctx_edges[1:]),
+            "context_lo": ("context_bin", np.linspace(0, 1, opt.context_bins + 1)[:-1]),
+            "context_hi": ("context_bin", np.linspace(0, 1, opt.context_bins + 1)[1:]),
             "key_distance": centers,
             "query_distance": centers,
         },

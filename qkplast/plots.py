@@ -207,3 +207,63 @@ def compare_profiles(profiles: xr.DataArray):
            title="plasticity profiles across runs")
     ax.legend()
     return fig
+
+
+def quintile_profiles(table):
+    """Quintile profiles of :func:`qkplast.results.quintile_table`: thesis models thin, this project's runs bold."""
+    fig, (ax,) = _fig(width=7.0, height=4.4)
+    x = np.arange(5)
+    colors = {"Ministral-3": "tab:green", "Qwen-3": "tab:purple", "Llama-3.2": "tab:orange"}
+    for (group, model), row in table.iterrows():
+        values = row.iloc[:5].to_numpy(float)
+        if group.startswith("thesis"):
+            family = group.removeprefix("thesis: ")
+            ax.plot(x, values, "-", lw=1, alpha=0.7, color=colors.get(family, "0.5"),
+                    label=family if model == table.loc[group].index[0] else None)
+        else:
+            ax.plot(x, values, "k-o", lw=2.5, label=f"{model} ({group.removeprefix('this project ')})")
+    ax.set_xticks(x, list(table.columns[:5]))
+    ax.set(xlabel="query position (share of the context window)", ylabel="mean attention plasticity",
+           title="plasticity by fifth of the context (Table 6.1 layout)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def trajectory(table, title: str = "SmolLM3-3B checkpoints (thesis Table 6.2)"):
+    """Bias and plasticity across checkpoints (cf. Figs. 6.5-6.6) from a Table 6.2-shaped table."""
+    fig, (a1, a2) = _fig(2, width=5.6)
+    x = np.arange(len(table))
+    a1.plot(x, table["bias_str"], "k-o", label="bias_strength")
+    a1b = a1.twinx()
+    a1b.plot(x, table["|alpha_K|"], "--s", color="tab:red", label="|alpha_K|")
+    a1.set(ylabel="bias_strength", title="bias collapses in long-context training")
+    a1b.set_ylabel("|alpha_K|")
+    for col, style in (("AP_overall", "-o"), ("AP_first20", "-s"), ("AP_drop", "--^")):
+        a2.plot(x, table[col], style, label=col)
+    a2.set(ylabel="plasticity", title="near plasticity recovers, AP_drop grows")
+    for ax in (a1, a2):
+        ax.set_xticks(x, list(table.index), rotation=60, ha="right", fontsize=7)
+    a1.legend(loc="upper left", fontsize=8)
+    a1b.legend(loc="upper right", fontsize=8)
+    a2.legend(fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+def benchmark_scatter(longbench, runs: dict[str, float] | None = None):
+    """AP_drop against the LongBench-Pro score (cf. Fig. 6.7); this project's AP_drop as vertical lines."""
+    fig, (ax,) = _fig(width=6.4, height=4.6)
+    colors = {"Ministral-3": "tab:green", "Qwen-3": "tab:purple", "Llama-3.2": "tab:orange"}
+    for family, g in longbench.groupby("family"):
+        ax.scatter(g.ap_drop, g.lbp_score, s=40, color=colors.get(family, "0.4"), label=family)
+        for _, r in g.iterrows():
+            ax.annotate(r.model.split("-")[-1], (r.ap_drop, r.lbp_score), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+    for name, drop in (runs or {}).items():
+        ax.axvline(drop, color="k", ls=":", lw=1)
+        ax.annotate(f"{name}: AP_drop {drop:.3f}\n(no LongBench-Pro score)", (drop, ax.get_ylim()[0]),
+                    fontsize=7, rotation=90, va="bottom", ha="right")
+    ax.set(xlabel="AP_drop (first minus last fifth)", ylabel="LongBench-Pro score",
+           title="plasticity drop against LongBench-Pro (thesis Table 6.3)")
+    ax.legend(fontsize=8)
+    return fig

@@ -143,3 +143,14 @@ def assert_images_loaded(browser, minimum: int):
     assert len(figures) >= minimum, f"expected at least {minimum} figures, found {figures}"
     broken = [s[0] for s in figures if not (s[1] and s[2] > 0)]
     assert broken == [], f"figures that did not load: {broken}"
+
+
+def test_results_pages(site, browser):
+    base, _ = site
+    text = render(browser, f"{base}/book/notebooks/09_results_plasticity.html", "results_plasticity.png")
+    assert_offline_math_and_resources(browser, base)
+    assert "thesis: Qwen-3" in text and "95% interval (basic)" in text and "stdlib-code" in text
+    assert_images_loaded(browser, minimum=4)
+    text = render(browser, f"{base}/book/notebooks/11_results_benchmark.html", "results_benchmark.png")
+    assert "spearman_rho" in text and "Where this project" in text
+    assert_images_loaded(browser, minimum=1)

@@ -1,0 +1,106 @@
+"""Results tables: this project's numbers beside the thesis's, computed from the metrics and the reference data."""
+
+import warnings
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import qkplast
+from qkplast import reference, results
+from qkplast.plasticity import PlasticityWarning
+from qkplast.synthetic import planted_capture
+
+
+@pytest.fixture(scope="module")
+def metrics():
+    cap, _ = planted_capture(n_heads=12, dim=8, seq_len=2048, bucket_size=128, n_docs=8, samples_per_bucket=2, seed=4)
+    cap = cap.assign_coords(layer=("head", np.arange(12) // 3), q_head=("head", np.arange(12) % 3),
+                            kv_head=("head", np.arange(12) % 3 // 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        return qkplast.analyze(cap, n_pairs=32)
+
+
+def test_geometry_table_values_and_differences(metrics):
+    t = results.geometry_table(metrics)
+    assert t.loc["mean |r_k| on axis a", "this run"] == pytest.approx(float(abs(metrics.r_k_a).mean()), abs=1e-3)
+    assert t.loc["mean |r_k| on axis a", "thesis"] == "0.87"
+    want = float(abs(metrics.r_k_a).mean()) - 0.87
+    assert float(t.loc["mean |r_k| on axis a", "difference"]) == pytest.approx(want, abs=1e-3)
+    assert t.loc["{a, b} plane share of variance (%)", "thesis"] == "30-43"
+    shares = [t.loc[f"{n} heads (%)", "this run"] for n in ("position-dominated", "Q-positional", "content-focused", "mixed")]
+    assert sum(shares) == pytest.approx(100, abs=0.01)
+    assert "different setting" in t.attrs["comparability"]
+
+
+def test_quintile_table_has_this_run_and_table_6_1(metrics):
+    t = results.quintile_table({"planted": metrics})
+    assert t.shape == (12, 6)
+    ours = t.iloc[0]
+    np.testing.assert_allclose(ours.iloc[:5], metrics.ap_context.mean("head"), atol=5e-4)
+    thesis = reference.load("quintile_plasticity")
+    q3b = t.xs("Qwen-3-4B", level="model").iloc[0]
+    np.testing.assert_allclose(q3b.iloc[:5], thesis[thesis.model == "Qwen-3-4B"].sort_values("quintile").ap)
+    with pytest.raises(ValueError, match="context_bins"):
+        results.quintile_table({"x": metrics.isel(context_bin=[0, 1])})
+
+
+def test_benchmark_correlations_recomputed_from_table_6_3():
+    c = results.benchmark_correlations()
+    lb = reference.load("longbench_matched")
+    assert c.loc["ap_drop", "pearson_r"] == pytest.approx(stats.pearsonr(lb.ap_drop, lb.lbp_score)[0], abs=1e-3)
+    assert c.loc["ap_drop", "spearman_rho"] == pytest.approx(stats.spearmanr(lb.ap_drop, lb.lbp_score)[0], abs=1e-3)
+    assert (c.models == 7).all() and c.loc["ap_drop", "pearson_r"] < 0
+
+
+def test_gaussian_agreement_and_bias_bands(metrics):
+    g = results.gaussian_agreement(metrics)
+    assert 0 not in g.index  # bucket 0 has no pairs
+    assert ((g["heads within 0.05"] >= 0) & (g["heads within 0.05"] <= 1)).all()
+    diffs = np.nanmean(np.abs(metrics.ap - metrics.ap_mc).values[:, 5])
+    assert g.loc[5, "mean |difference|"] == pytest.approx(diffs, abs=1e-3)
+    bands = results.bias_by_layer_band(metrics, n_bands=2)
+    r = np.corrcoef(metrics.separation_strength, metrics.bias_strength)[0, 1]
+    assert bands.pearson_r.iloc[0] == pytest.approx(r, abs=1e-3) and bands.heads.iloc[1:].sum() == 12
+
+
+def test_thesis_tables():
+    lc = results.thesis_lc_positions()
+    assert lc.shape == (4, 8) and lc.loc["LC 32K→64K 20K", "48K–64K"] == 0.430
+    t = results.thesis_trajectory()
+    assert len(t) == 10 and t.loc["stg3 4.72M", "bias_str"] == 0.0194
+
+
+def test_trajectory_table_and_corpus_comparison(metrics):
+    t = results.trajectory_table({"a": metrics, "b": metrics})
+    assert list(t.index) == ["a", "b"] and t.loc["a", "AP_drop"] == pytest.approx(float(metrics.ap_drop.mean()))
+    c = results.corpus_comparison({"x": metrics, "y": metrics})
+    assert (c["x"] == c["y"]).all()
+
+
+def test_checkpoint_metrics_over_local_checkpoints(tmp_path, monkeypatch):
+    import torch
+    import transformers as T
+    from test_capture import COMMON, tiny_tokenizer
+
+    ckpts = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        path = tmp_path / f"step-{seed}"
+        T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).save_pretrained(path)
+        tiny_tokenizer().save_pretrained(path)
+        ckpts.append(str(path))
+    params = dict(corpus="pydoc-topics", docs=4, seq_len=128, bucket_size=16, samples_per_bucket=3, heads=6, seed=0,
+                  device="cpu", dtype="auto", rope_scaling=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        got = results.checkpoint_metrics(ckpts, tmp_path / "run", **params)
+    assert list(got) == ckpts
+    table = results.trajectory_table(got)
+    assert table.shape == (2, 6) and table.iloc[0]["bias_str"] != table.iloc[1]["bias_str"]
+    import qkplast.capture
+
+    monkeypatch.setattr(qkplast.capture, "run_capture", lambda *a, **k: pytest.fail("recaptured"))
+    again = results.checkpoint_metrics(ckpts, tmp_path / "run", **params)
+    assert again[ckpts[0]].identical(got[ckpts[0]])
