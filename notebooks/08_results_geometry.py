@@ -15,6 +15,7 @@
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # Results 6.1: the geometry of positional bias

@@ -15,6 +15,7 @@
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # Results 6.4: plasticity and a long-context benchmark

@@ -145,7 +145,7 @@ def corpus_comparison(runs: dict[str, xr.Dataset], boots: dict[str, xr.Dataset] 
     """The same model and analysis on different corpora, side by side (thesis 7.5: untested there)."""
     from .batch import summarize
 
-    table = pd.DataFrame({name: summarize(m) for name, m in runs.items()})
+    table = pd.DataFrame({name: summarize(m) for name, m in runs.items()}).round(4).astype(object)
     if boots:
         for name, b in boots.items():
             for metric in ("ap_first20", "ap_last20", "ap_drop"):

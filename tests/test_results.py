@@ -75,8 +75,12 @@ def test_thesis_tables():
 def test_trajectory_table_and_corpus_comparison(metrics):
     t = results.trajectory_table({"a": metrics, "b": metrics})
     assert list(t.index) == ["a", "b"] and t.loc["a", "AP_drop"] == pytest.approx(float(metrics.ap_drop.mean()))
-    c = results.corpus_comparison({"x": metrics, "y": metrics})
-    assert (c["x"] == c["y"]).all()
+    from qkplast.bootstrap import bootstrap
+
+    cap, _ = planted_capture(n_heads=2, dim=8, seq_len=1024, bucket_size=128, n_docs=6, samples_per_bucket=2, seed=1)
+    b = bootstrap(cap, n_boot=3, n_pairs=16)
+    c = results.corpus_comparison({"x": metrics, "y": metrics}, {"x": b, "y": b})
+    assert (c["x"] == c["y"]).all() and c.loc["ap_drop interval", "x"].startswith("[")
 
 
 def test_checkpoint_metrics_over_local_checkpoints(tmp_path, monkeypatch):
