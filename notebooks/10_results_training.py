@@ -15,8 +15,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Results 6.3: training dynamics
 #

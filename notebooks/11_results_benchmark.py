@@ -15,8 +15,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # Results 6.4: plasticity and a long-context benchmark
 #
