@@ -91,12 +91,24 @@
 # \qquad \text{(eqs. 4.11-4.12)},
 # $$
 #
-# and if $D$ is Gaussian ({prf:ref}`lemma-a1` in {doc}`06_theory`),
+# and then:
+#
+# ```{prf:proposition} Gaussian closed form
+# :label: prop-gaussian-closed-form
+#
+# If $D \sim \mathcal N(\mu, v)$ with $v > 0$ ({prf:ref}`lemma-a1` in {doc}`06_theory` gives the conditions), then
 #
 # $$
 # p = \Phi\!\left(\mu/\sqrt{v}\right), \qquad \mathrm{PP} = 4\,\Phi(z)\,\Phi(-z), \quad z = \mu/\sqrt{v}
 # \qquad \text{(eqs. 4.13-4.14)}.
 # $$
+# ```
+#
+# ```{prf:proof}
+# $q^\top k_i > q^\top k_j$ is the event $D > 0$. With $Z = (D - \mu)/\sqrt{v}$ standard normal,
+# $\Pr[D > 0] = \Pr[Z > -z] = 1 - \Phi(-z) = \Phi(z)$ by the symmetry of $\Phi$. Then
+# $\mathrm{PP} = 4p(1-p) = 4\Phi(z)(1 - \Phi(z)) = 4\Phi(z)\Phi(-z)$.
+# ```
 #
 # The product form matters: with $p = \Phi(z)$ rounded to 1 for $z \gtrsim 8.3$, $4p(1-p)$ returns 0
 # where $4\Phi(z)\Phi(-z)$ keeps full relative precision (and $\Phi$ itself is taken from `erfc`, since

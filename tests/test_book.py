@@ -129,6 +129,7 @@ def test_notebook_page_with_figures(site, browser):
     assert_offline_math_and_resources(browser, base)
     assert re.search(r"Definition \d+ \(Pairwise plasticity\)", text)
     assert re.search(r"Proposition \d+ \(Householder decomposition\)", text)
+    assert re.search(r"Proposition \d+ \(Gaussian closed form\)", text)
     assert_images_loaded(browser, minimum=3)
 
 
