@@ -50,6 +50,7 @@ seed = 0  # seed of the random draws of the relative-position check
 device = "cpu"  # the rotary code runs on the CPU; it is tiny
 dtype = "auto"  # capture precision of the batch (unused here)
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
+analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 n_draws = 256  # random (q, k, t, i, shift) draws for the relative-position check
 
 # %%

@@ -60,6 +60,7 @@ seed = 0  # seed of head and position sampling and of the key-pair draw
 device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
 dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
+analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 n_draws = 200_000  # simulated queries per position in the Lemma A.1 check: z-scores resolve 1% errors
 n_params = 500  # random (gamma, z0) in the Lemma A.2 check
 example_head = 0  # position along `head` of the real head drawn against the Lemma A.2 bound
@@ -75,8 +76,8 @@ from qkplast.plasticity import pair_statistics
 
 capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
                           samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype, rope_scaling=rope_scaling)
-metrics, notes = load_or_analyze(run_dir, capture, seed=seed)
-stats = pair_statistics(capture, seed=seed)  # every pair's terms of the closed form, every head
+metrics, notes = load_or_analyze(run_dir, capture, seed=seed, **analysis)
+stats = pair_statistics(capture, seed=seed, **analysis)  # every pair's terms of the closed form, every head
 print(f"{stats.sizes['head']} heads x {stats.sizes['query_bucket']} query buckets x {stats.sizes['pair']} pairs")
 
 # %% [markdown]

@@ -22,6 +22,7 @@
 # states a point of the thesis, what is wrong or missing, and a number computed on the captured heads of
 # the default run (or on planted data where a controlled case is clearer). None of them overturns the
 # qualitative picture; several change numbers, and one changes how the closed form should be computed.
+# The comparisons are made against the thesis's default options, whatever `analysis` a batch passes.
 
 # %% tags=["parameters"]
 model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
@@ -36,6 +37,7 @@ seed = 0  # seed of head and position sampling and of the key-pair draw
 device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
 dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
+analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 check_heads = 60  # heads used for the basis check (it runs the analysis four times)
 
 # %%

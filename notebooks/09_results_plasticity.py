@@ -42,6 +42,7 @@ seed = 0  # seed of head and position sampling and of the key-pair draw
 device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
 dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
+analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 n_boot = 40  # bootstrap replicates over documents for the intervals of the aggregates
 code_corpus = "stdlib-code"  # the same analysis on code: the standard library's own source
 code_run_dir = ""  # run directory of the code capture; empty means run_dir + "-code"
@@ -57,7 +58,7 @@ from qkplast.batch import load_or_analyze, load_or_bootstrap, load_or_capture
 capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
                           samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype,
                           rope_scaling=rope_scaling)
-metrics, notes = load_or_analyze(run_dir, capture, seed=seed)
+metrics, notes = load_or_analyze(run_dir, capture, seed=seed, **analysis)
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}, {capture.attrs['n_docs']} windows of "
       f"{capture.attrs['seq_len']} tokens of {capture.attrs['corpus']}")
 
@@ -78,7 +79,7 @@ fig = qp.quintile_profiles(quintiles)
 # of AP_drop is wide: whether it excludes zero is the first thing to read.
 
 # %%
-boot = load_or_bootstrap(run_dir, capture, n_boot=n_boot, seed=seed)
+boot = load_or_bootstrap(run_dir, capture, n_boot=n_boot, seed=seed, **analysis)
 intervals = results.with_intervals(boot)
 print(intervals.attrs["note"])
 drop_lo = float(boot.lo.sel(metric="ap_drop"))
@@ -114,8 +115,8 @@ code_dir = code_run_dir or f"{run_dir}-code"
 code_capture = load_or_capture(code_dir, model=model, corpus=code_corpus, docs=docs, seq_len=seq_len,
                                bucket_size=bucket_size, samples_per_bucket=samples_per_bucket, heads=heads, seed=seed,
                                device=device, dtype=dtype, rope_scaling=rope_scaling)
-code_metrics, _ = load_or_analyze(code_dir, code_capture, seed=seed)
-code_boot = load_or_bootstrap(code_dir, code_capture, n_boot=n_boot, seed=seed)
+code_metrics, _ = load_or_analyze(code_dir, code_capture, seed=seed, **analysis)
+code_boot = load_or_bootstrap(code_dir, code_capture, n_boot=n_boot, seed=seed, **analysis)
 comparison = results.corpus_comparison({corpus: metrics, code_corpus: code_metrics},
                                        {corpus: boot, code_corpus: code_boot})
 comparison

@@ -41,6 +41,7 @@ seed = 0  # seed of head and position sampling and of the key-pair draw
 device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
 dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
+analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 checkpoints = []  # e.g. ["HuggingFaceTB/SmolLM3-3B-checkpoints@stage1-step-40000", ...]; empty: thesis values
 
 # %%

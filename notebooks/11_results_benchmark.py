@@ -39,6 +39,7 @@ seed = 0  # seed of head and position sampling and of the key-pair draw
 device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
 dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
+analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 
 # %%
 import numpy as np
@@ -51,7 +52,7 @@ from qkplast.batch import load_or_analyze, load_or_capture
 capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
                           samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype,
                           rope_scaling=rope_scaling)
-metrics, notes = load_or_analyze(run_dir, capture, seed=seed)
+metrics, notes = load_or_analyze(run_dir, capture, seed=seed, **analysis)
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}, {capture.attrs['n_docs']} windows of "
       f"{capture.attrs['seq_len']} tokens of {capture.attrs['corpus']}")
 

@@ -14,7 +14,9 @@ and on its own, e.g. under nbval (where the first notebook creates them).
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -120,8 +122,21 @@ def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **p
     return cap
 
 
+def _cached_path(run_dir: Path, stem: str, key: dict, read_key) -> Path:
+    """``RUN/STEM.nc`` for the run's own settings; another setting gets ``RUN/STEM-<hash>.nc``.
+
+    So an analysis with other options (a notebook comparing against the thesis defaults, say) never
+    overwrites the run's main results.
+    """
+    main = run_dir / f"{stem}.nc"
+    if not main.exists() or read_key(main) == key:
+        return main
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return run_dir / f"{stem}-{digest}.nc"
+
+
 def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) -> tuple[xr.Dataset, list[str]]:
-    """Open ``RUN/metrics.nc`` if it was made with these options, else analyse and save it.
+    """Open the run's metrics if they were made with these options, else analyse and save them.
 
     Returns the metrics and the analysis warnings as text (the notebooks print
     them, so they appear in the output without machine-specific file paths).
@@ -129,12 +144,11 @@ def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) 
     from .analyze import analyze
 
     opt = AnalysisOptions.from_kwargs(None, **options)
-    path = Path(run_dir) / "metrics.nc"
+    key_of = lambda p: AnalysisOptions.from_kwargs(None, **open_dataset(p).attrs.get("options", {})).result_key()  # noqa: E731
+    path = _cached_path(Path(run_dir), "metrics", opt.result_key(), key_of)
     if path.exists():
         metrics = open_dataset(path)
-        saved = AnalysisOptions.from_kwargs(None, **metrics.attrs.get("options", {}))
-        if saved.result_key() == opt.result_key():
-            return metrics, list(metrics.attrs.get("warnings", []))
+        return metrics, list(metrics.attrs.get("warnings", []))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         metrics = analyze(capture, opt)
@@ -146,16 +160,14 @@ def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) 
 
 def load_or_bootstrap(run_dir: str | os.PathLike, capture: xr.Dataset, n_boot: int = 40, seed: int = 0,
                       **options) -> xr.Dataset:
-    """Open ``RUN/bootstrap.nc`` if it was made with these settings, else compute and save it."""
+    """Open the run's bootstrap if it was made with these settings, else compute and save it."""
     from .bootstrap import bootstrap
 
-    opt = AnalysisOptions.from_kwargs(None, **options)
-    path = Path(run_dir) / "bootstrap.nc"
+    opt = AnalysisOptions.from_kwargs(None, seed=seed, **options)
     key = {"n_boot": n_boot, "seed": seed, "options": opt.result_key()}
+    path = _cached_path(Path(run_dir), "bootstrap", key, lambda p: open_dataset(p).attrs.get("key"))
     if path.exists():
-        ds = open_dataset(path)
-        if ds.attrs.get("key") == key:
-            return ds
+        return open_dataset(path)
     ds = bootstrap(capture, n_boot=n_boot, seed=seed, options=opt)
     ds.attrs["key"] = key
     save_dataset(ds, path, overwrite=True)
@@ -183,13 +195,14 @@ def _versions() -> dict:
 
 
 def _literal(text: str):
-    """Parse a ``-p name value`` value the way papermill's -p does: int, float, bool, None, else string."""
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+    """Parse a ``-p name value`` value: a Python literal (number, list, dict, quoted string) or a bare string."""
+    low = text.lower()
+    if low in ("true", "false", "none"):
+        return {"true": True, "false": False, "none": None}[low]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 @dataclass
@@ -211,8 +224,6 @@ def run(model: str, out: str | os.PathLike | None = None, *, device: str = "cpu"
 
     out = Path(out or Path("runs") / model.replace("/", "__"))
     params = {**DEFAULTS, **(parameters or {}), "model": model, "device": device}
-    if device == "cuda":
-        params.setdefault("dtype", "auto")  # bf16 on a GPU, as in the thesis
     nb_out = out / "notebooks"
     if out.exists() and overwrite:
         shutil.rmtree(out)
@@ -232,9 +243,12 @@ def run(model: str, out: str | os.PathLike | None = None, *, device: str = "cpu"
     t0 = time.perf_counter()
     cap = load_or_capture(out, **capture_params)
     manifest["timings_s"]["capture"] = round(time.perf_counter() - t0, 2)
-    analysis_opts = {k: v for k, v in params.items() if k in AnalysisOptions.__dataclass_fields__}
+    # analysis options given as -p NAME VALUE reach every notebook as its `analysis` parameter
+    analysis = {**params.pop("analysis", {}),
+                **{k: v for k, v in params.items() if k in AnalysisOptions.__dataclass_fields__ and k != "seed"}}
+    params["analysis"] = analysis
     t0 = time.perf_counter()
-    load_or_analyze(out, cap, **analysis_opts)
+    load_or_analyze(out, cap, seed=params["seed"], **analysis)
     manifest["timings_s"]["analyze"] = round(time.perf_counter() - t0, 2)
     write_manifest()
 

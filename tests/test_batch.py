@@ -49,7 +49,7 @@ def test_notebook_parameters_match_the_package_defaults():
         params = parameters_cell(py)
         for key, value in batch.DEFAULTS.items():
             assert params[key] == value, f"{py.name}: {key} = {params[key]!r}, batch.DEFAULTS has {value!r}"
-        assert params["run_dir"] == "../runs/smollm2-135m"
+        assert params["run_dir"] == "../runs/smollm2-135m" and params["analysis"] == {}
 
 
 @pytest.mark.slow
@@ -59,6 +59,11 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest == json.loads(json.dumps(result.manifest, default=str))
     assert (out / "capture.nc").is_file() and (out / "metrics.nc").is_file()
+    # -p n_pairs 32 reached the analysis of the run and of every notebook (they reuse metrics.nc)
+    from qkplast.io import open_dataset
+
+    assert open_dataset(out / "metrics.nc").attrs["options"]["n_pairs"] == 32
+    assert manifest["parameters"]["analysis"]["n_pairs"] == 32
     names = sorted(p.name for p in (out / "notebooks").glob("*.ipynb"))
     assert names == sorted(p.with_suffix(".ipynb").name for p in NOTEBOOKS)
     for name in names:

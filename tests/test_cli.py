@@ -52,3 +52,11 @@ def test_theory_command(capsys):
     assert main(["theory"]) == 0
     out = capsys.readouterr().out
     assert out.count("PASS") == 4
+
+
+def test_run_parameter_values_are_python_literals():
+    from qkplast.batch import _literal
+
+    assert _literal("16") == 16 and _literal("0.5") == 0.5 and _literal("True") is True and _literal("none") is None
+    assert _literal("['a@r1', 'b']") == ["a@r1", "b"] and _literal('{"covariance": "full"}') == {"covariance": "full"}
+    assert _literal("stdlib-code") == "stdlib-code" and _literal("yarn:4:32768") == "yarn:4:32768"
