@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Build the companion book end to end on the embedded default model and print where the HTML is.
 # Steps: install (.venv) -> capture on SmolLM2-135M -> analyses -> papermill batch -> Jupyter Book HTML.
-# Expected duration on a 2-core machine: about 10 minutes from scratch (install ~3, capture ~2,
-# notebooks ~4, HTML ~1); a second run reuses the install and the capture.
+# Measured on a 2-core machine from a fresh clone: 6 minutes (install 1.5, capture 1, the 11 notebooks
+# 3.5 of which the bootstraps take 2, HTML a few seconds); a rerun reuses the install, captures and bootstraps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-echo "[book] building the companion book; expect about 10 minutes from scratch on 2 cores, 3-4 on a rerun"
+echo "[book] building the companion book; expect about 6 minutes from scratch on 2 cores, 2-3 on a rerun"
 step() { echo "[book] $(( $(date +%s) - start ))s: $*"; }
 step "1/4 install"
 bash scripts/setup.sh
