@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import xarray as xr
 

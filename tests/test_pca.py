@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import xarray as xr
 
 from qkplast.pca import classify, pca
 from qkplast.synthetic import planted_capture
