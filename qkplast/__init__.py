@@ -13,10 +13,10 @@ __version__ = "0.1.0"
 _warnings.filterwarnings("ignore", message="IProgress not found")
 
 from .io import CaptureError, open_capture, open_dataset, save_capture, save_dataset, validate_capture  # noqa: E402
-from .options import AnalysisOptions  # noqa: E402
+from .options import AnalysisOptions, CaptureOptions  # noqa: E402
 from .analyze import analyze  # noqa: E402
 
 __all__ = [
-    "AnalysisOptions", "CaptureError", "analyze", "open_capture", "open_dataset", "save_capture", "save_dataset",
+    "AnalysisOptions", "CaptureError", "CaptureOptions", "analyze", "open_capture", "open_dataset", "save_capture", "save_dataset",
     "validate_capture",
 ]

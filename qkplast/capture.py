@@ -50,16 +50,13 @@ are removed; an existing ``OUT`` is never replaced without ``overwrite``.
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import itertools
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +64,16 @@ import numpy as np
 import xarray as xr
 
 from .corpus import Corpus, Document, WindowStats, describe_policy, iter_windows
+from .hooks import (
+    CAPTURE_ATTN,
+    DELEGATES,
+    UnsupportedModelError,
+    _attention_switched,
+    _recording,
+    capture_attn_name,
+    register_capture_attention,
+    text_decoder,
+)
 from .io import CaptureError, open_dataset, save_capture, save_dataset
 
 __all__ = [
@@ -88,8 +95,6 @@ __all__ = [
     "run_capture",
 ]
 
-CAPTURE_ATTN = "qkplast_capture"
-DELEGATES = ("sdpa", "eager")
 SUPPORTED_FAMILIES = (
     "Llama 3.x and SmolLM2 (llama), Qwen3 (qwen3), Mistral (mistral), Ministral (ministral), "
     "Ministral-3 (ministral3, mistral3), SmolLM3 (smollm3), Llama 3.2 Vision (mllama)"
@@ -104,101 +109,6 @@ _VERIFIED_TEXT_TYPES = frozenset(
 _PROBE_TOKENS = 8
 _MANIFEST = "manifest.json"
 _PART = "doc-{:06d}.nc"
-
-_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("qkplast_capture_recorder", default=None)
-
-
-class UnsupportedModelError(CaptureError):
-    """The model's attention cannot be captured (or its capture is not verified)."""
-
-
-def capture_attn_name(delegate: str) -> str:
-    """The attention-implementation name under which the capture hook delegating to ``delegate`` is registered."""
-    return CAPTURE_ATTN if delegate == "sdpa" else f"{CAPTURE_ATTN}_{delegate}"
-
-
-_EAGER_CACHE: dict[type, object] = {}
-
-
-def _eager_for(module):
-    """The eager attention function of the module's own modeling file (what ``attn_implementation='eager'`` runs)."""
-    cls = type(module)
-    if cls not in _EAGER_CACHE:
-        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
-        if fn is None:
-            raise UnsupportedModelError(
-                f"{cls.__name__} has no eager_attention_forward to delegate to; use attn='sdpa'"
-            )
-        _EAGER_CACHE[cls] = fn
-    return _EAGER_CACHE[cls]
-
-
-def _make_hook(delegate: str):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    def qkplast_capture_attention(module, query, key, value, attention_mask, **kwargs):
-        recorder = _ACTIVE.get()
-        if recorder is not None:
-            recorder.observe(module, query, key, kwargs)
-        kernel = _eager_for(module) if delegate == "eager" else ALL_ATTENTION_FUNCTIONS[delegate]
-        return kernel(module, query, key, value, attention_mask, **kwargs)
-
-    return qkplast_capture_attention
-
-
-def register_capture_attention(delegate: str = "sdpa") -> str:
-    """Register the capture hook with transformers and return its implementation name.
-
-    Parameters
-    ----------
-    delegate : {"sdpa", "eager"}
-        The kernel that computes attention after the hook has copied its rows.
-        Flash attention cannot be delegated to under transformers 5.x: its
-        integration chooses the kernel from the implementation *name*, which
-        here is the hook's. On CUDA, sdpa itself dispatches to flash kernels.
-
-    Returns
-    -------
-    str
-        ``"qkplast_capture"`` for sdpa, ``"qkplast_capture_eager"`` for eager.
-    """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    if delegate not in DELEGATES:
-        raise CaptureError(
-            f"attention implementation {delegate!r} cannot be wrapped by the capture hook; choose one of {DELEGATES} "
-            "(on CUDA, sdpa dispatches to flash attention kernels itself)"
-        )
-    name = capture_attn_name(delegate)
-    AttentionInterface.register(name, _make_hook(delegate))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[delegate])
-    return name
-
-
-@contextmanager
-def _recording(recorder):
-    token = _ACTIVE.set(recorder)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-
-
-@contextmanager
-def _attention_switched(decoder, name: str):
-    previous = decoder.config._attn_implementation
-    decoder.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        decoder.set_attn_implementation(previous)
-
-
-def text_decoder(model):
-    """The text decoder stack (e.g. ``LlamaModel``, Mllama's ``MllamaTextModel``) that capture runs."""
-    return model.get_decoder() if hasattr(model, "get_decoder") else model
-
 
 @dataclass(frozen=True)
 class LayerInfo:

@@ -158,3 +158,117 @@ class AnalysisOptions:
     def result_key(self) -> dict:
         """The options that can change results: all but the execution ones (``device``, ``head_chunk``)."""
         return {k: v for k, v in asdict(self).items() if k not in EXECUTION_OPTIONS}
+
+
+# --------------------------------------------------------------------------- capture
+
+_CAPTURE_CHOICES = {
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "attn": ("sdpa", "eager"),
+    "short_docs": ("concat", "skip"),
+}
+
+#: Capture settings that cannot change what is captured (only where and how fast).
+CAPTURE_EXECUTION_OPTIONS = ("device",)
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """Settings of one capture (thesis section 4.1): the single source for
+    :func:`qkplast.capture.capture`, ``qkplast capture``, ``qkplast run``, the
+    run manifest and the capture attrs, all under these names.
+
+    Model
+    -----
+    model : str
+        ``smollm2-135m`` (embedded), a local checkpoint directory, or a hub id,
+        optionally ``owner/name@revision``.
+    revision : str or None
+        Hub revision (branch, tag or commit); ``model@revision`` sets it too.
+    rope_scaling : str or None
+        RoPE override ``TYPE:FACTOR[:ORIGINAL]``, e.g. ``yarn:4:32768`` (5.4.2).
+    device : str
+        ``auto``, ``cpu``, ``cuda``, ``cuda:N``.
+    dtype : {"auto", "float32", "bfloat16", "float16"}
+        Compute dtype; ``auto`` is bf16 on a GPU and fp32 on the CPU.
+    attn : {"sdpa", "eager"}
+        Kernel the capture hook delegates to.
+    allow_unverified : bool
+        Capture model families outside the verified ones.
+
+    Corpus and windows
+    ------------------
+    corpus : str
+        Corpus specification (see :func:`qkplast.corpus.open_corpus`).
+    docs : int or None
+        Document windows to capture (None: all the corpus yields).
+    seq_len : int or None
+        Tokens per window (None: the model's maximum, at most 131072).
+    short_docs : {"concat", "skip"}
+        Documents shorter than ``seq_len``: concatenated with EOS, or skipped.
+    text_field, id_field : str
+        Fields of ``.jsonl`` records and dataset rows.
+
+    Sampling (section 4.1)
+    ----------------------
+    bucket_size : int or None
+        Position bucket width (None: ``seq_len // 16``).
+    samples_per_bucket : float
+        Expected samples per bucket per document.
+    min_per_bucket : int
+        Guaranteed samples per bucket per document (0 as in the thesis).
+    heads : int or None
+        Query heads sampled (300 as in the thesis; None: all).
+    seed : int
+        Seed of head and position sampling.
+    """
+
+    model: str = "smollm2-135m"
+    revision: str | None = None
+    rope_scaling: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    attn: str = "sdpa"
+    allow_unverified: bool = False
+    corpus: str = "pydoc-topics"
+    docs: int | None = 8
+    seq_len: int | None = 2048
+    short_docs: str = "concat"
+    text_field: str = "text"
+    id_field: str = "id"
+    bucket_size: int | None = 128
+    samples_per_bucket: float = 4.0
+    min_per_bucket: int = 0
+    heads: int | None = 300
+    seed: int = 0
+
+    def __post_init__(self):
+        for name, allowed in _CAPTURE_CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"capture option {name}={getattr(self, name)!r} is not one of {allowed}")
+        for name in ("docs", "seq_len", "bucket_size", "heads"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise ValueError(f"capture option {name} must be >= 1 or None, got {value}")
+        if self.samples_per_bucket <= 0:
+            raise ValueError(f"capture option samples_per_bucket must be > 0, got {self.samples_per_bucket}")
+        if self.min_per_bucket < 0:
+            raise ValueError(f"capture option min_per_bucket must be >= 0, got {self.min_per_bucket}")
+        if self.seq_len is not None and self.bucket_size is not None and self.bucket_size > self.seq_len:
+            raise ValueError(f"bucket_size {self.bucket_size} exceeds seq_len {self.seq_len}; pick a smaller --bucket-size")
+
+    @classmethod
+    def from_kwargs(cls, options: "CaptureOptions | None" = None, **overrides) -> "CaptureOptions":
+        """Options from an optional base plus keyword overrides; unknown names are an error."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"unknown capture option(s) {unknown}; valid options: {sorted(names)}")
+        return replace(options or cls(), **overrides)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def result_key(self) -> dict:
+        """The options that can change what is captured: all but ``device``."""
+        return {k: v for k, v in asdict(self).items() if k not in CAPTURE_EXECUTION_OPTIONS}
