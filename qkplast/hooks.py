@@ -9,8 +9,8 @@ under ``qkplast_capture`` (``qkplast_capture_eager`` for the eager delegate).
 While a model's text decoder is switched to it, the function
 
 1. applies the active *transforms* in order (:func:`attention_transform`;
-   the interventions of :mod:`qkplast.intervene` are transforms), each
-   ``fn(module, query, key) -> (query, key)``;
+   interventions are transforms), each
+   ``fn(module, query, key, value, attention_mask, kwargs) -> (query, key, value, attention_mask)``;
 2. lets the active *recorder* (the capture) observe the transformed tensors,
    so a capture inside an intervention sees what the kernel sees;
 3. hands everything to the real kernel (sdpa, or the modeling file's eager).
@@ -65,7 +65,7 @@ def _make_hook(delegate: str):
 
     def qkplast_capture_attention(module, query, key, value, attention_mask, **kwargs):
         for transform in _TRANSFORMS.get():
-            query, key = transform(module, query, key)
+            query, key, value, attention_mask = transform(module, query, key, value, attention_mask, kwargs)
         recorder = _ACTIVE.get()
         if recorder is not None:
             recorder.observe(module, query, key, kwargs)
@@ -133,7 +133,13 @@ def text_decoder(model):
 
 @contextmanager
 def attention_transform(model, transform, *, delegate: str = "sdpa"):
-    """Apply ``transform(module, query, key) -> (query, key)`` to every attention call of ``model`` while open.
+    """Apply ``transform`` to every attention call of ``model`` while open.
+
+    ``transform(module, query, key, value, attention_mask, kwargs)`` returns
+    ``(query, key, value, attention_mask)``; tensors are post-RoPE, before GQA
+    repetition (``query`` ``[batch, n_q, seq, dim]``, ``key``/``value``
+    ``[batch, n_kv, seq, dim]``). With sdpa a ``None`` mask means causal; a
+    transform that returns a mask must include causality itself.
 
     The model's text decoder is switched to the qkplast attention function
     (delegating to ``delegate``) for the duration; transforms stack in the order
