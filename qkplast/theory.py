@@ -11,8 +11,17 @@ Explicit constants (the thesis leaves C0 and T0 implicit):
   ``PP <= 4 phi(|z|)/|z|``; dropping ``1/|z|`` needs ``|z| >= 1``, and
   ``|z(t)| >= |gamma| t / 2`` needs ``t >= 2|z0|/|gamma|``. Hence
   ``C0 = 4/sqrt(2 pi)`` and ``T0 = 2 max(|z0|, 1)/|gamma|``;
-* a sharper route. ``4 Phi(z) Phi(-z) <= exp(-z^2/2)`` for every real z (checked
-  here on a grid), so ``C0 = 1`` and ``T0 = 2|z0|/|gamma|`` suffice.
+* a sharper route. ``4 Phi(z) Phi(-z) <= exp(-z^2/2)`` for every real z, so
+  ``C0 = 1`` and ``T0 = 2|z0|/|gamma|`` suffice. Proof: the product is even in
+  z; for ``z >= 4/sqrt(2 pi)`` the Mills bound gives
+  ``4 Phi(z) Phi(-z) <= 4 phi(z)/z <= exp(-z^2/2)``, and on ``[0, 4/sqrt(2 pi)]``
+  (about ``[0, 1.6]``) :func:`sharp_inequality` checks it on a fine grid.
+
+Theorem 4.4 is proved for a *fixed finite* pair set (what
+:func:`check_theorem_4_4` checks). For the population ``AP_t`` of
+Definition 4.3, where ``delta_1`` is continuous with a density at 0, the limit
+still holds but the rate is ``Theta(1/t)``, not ``exp(-c t^2)``:
+:func:`population_ap` and :func:`check_population_rate` compute it.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from scipy import stats
 from .synthetic import random_orthogonal
 
 C0_MILLS = 4 / math.sqrt(2 * math.pi)
+#: ``int 4 Phi(u) Phi(-u) du`` over the real line: ``4 / sqrt(pi)`` (``int Phi (1 - Phi) = E|X - Y| / 2``).
+PP_INTEGRAL = 4 / math.sqrt(math.pi)
 
 
 @dataclass
@@ -129,6 +140,29 @@ def check_lemma_a1(dim: int = 16, n_pairs: int = 8, n_draws: int = 200_000, posi
 # --------------------------------------------------------------------------- Lemma A.2
 
 
+def sharp_inequality(constant: float = 4.0, step: float = 1e-5) -> dict:
+    """``constant * Phi(z) Phi(-z) <= exp(-z^2/2)`` for every real z (``constant = 4``: the sharp route).
+
+    Both sides are even in z, so take ``z >= 0``. For ``z >= z_switch =
+    constant/sqrt(2 pi)`` the Mills bound ``Phi(-z) <= phi(z)/z`` and ``Phi(z) <= 1``
+    give ``constant Phi(z) Phi(-z) <= constant phi(z)/z <= exp(-z^2/2)``: a proof,
+    no numerics. Only ``[0, z_switch]`` (``[0, 1.596]`` for 4) is left; there the
+    log-gap ``log(constant Phi(z) Phi(-z)) + z^2/2`` is evaluated on a grid of
+    ``step``. At ``z = 0`` it is ``log(constant/4)``: 0 for the constant 4 (equality),
+    and its expansion ``(1/2 - 2/pi) z^2 + O(z^4)`` is negative nearby. A constant
+    above 4 fails at ``z = 0``, which shows the check can fail.
+
+    Returns ``dict(holds, z_switch, max_log_gap, argmax, n_grid)``.
+    """
+    z_switch = constant / math.sqrt(2 * math.pi)
+    z = np.arange(0.0, z_switch + step, step)  # [grid]
+    gap = math.log(constant) + stats.norm.logcdf(z) + stats.norm.logcdf(-z) + z**2 / 2
+    i = int(np.argmax(gap))
+    return {"holds": bool(gap[i] <= 1e-13), "z_switch": z_switch, "max_log_gap": float(gap[i]),
+            "argmax": float(z[i]), "n_grid": int(z.size)}
+
+
+
 def lemma_a2_constants(gamma: np.ndarray, z0: np.ndarray, route: str = "sharp"):
     """Explicit ``(C0, T0)`` of Lemma A.2 for slope ``gamma`` and intercept ``z0`` of ``z(t)``.
 
@@ -166,8 +200,7 @@ def check_lemma_a2(n_params: int = 500, n_t: int = 400, route: str = "thesis", t
         bound = c0[:, None] * np.exp(-(gamma[:, None] ** 2) * t**2 / 8)
         return pp / bound
     after, before = ratio(t_after), ratio(t_before)
-    zgrid = np.linspace(-40, 40, 80001)
-    sharp_ok = bool((pp_from_z(zgrid) <= np.exp(-zgrid**2 / 2) * (1 + 1e-12)).all())
+    sharp_ok = sharp_inequality()["holds"]
     table = pd.DataFrame({
         "gamma": gamma, "z0": z0, "C0": c0, "T0": t0,
         "max_ratio_after_T0": after.max(1), "max_ratio_before_T0": np.where(t0 > 0, before.max(1), np.nan),
@@ -176,7 +209,7 @@ def check_lemma_a2(n_params: int = 500, n_t: int = 400, route: str = "thesis", t
     passed = bool(after.max() <= 1 + 1e-12) and (sharp_ok or route == "thesis")
     summary = (f"route {route!r}: max PP/bound over t >= T0 = {after.max():.4f} for {n_params} random (gamma, z0); "
                f"bound violated before T0 for {n_fail_before}/{n_params}; "
-               f"4 Phi(z) Phi(-z) <= exp(-z^2/2) on |z| <= 40: {sharp_ok}")
+               f"4 Phi(z) Phi(-z) <= exp(-z^2/2) (Mills beyond {C0_MILLS:.3f}, grid below): {sharp_ok}")
     return CheckResult("Lemma A.2 (single-pair decay)", passed, summary, table,
                        {"max_ratio": float(after.max()), "n_fail_before_T0": n_fail_before, "sharp_inequality": sharp_ok})
 
@@ -234,6 +267,84 @@ def check_theorem_4_4(dim: int = 16, n_pairs: int = 256, pi0: float = 0.1, n_t: 
                f"AP_inf = {b['AP_inf']:.4f} (pi0 = {b['pi0']:.3f}), C = {b['C']:.3f}, c = {b['c']:.3g}, "
                f"min |delta_1| = {np.abs(delta[delta[:, 0] != 0, 0]).min():.3g}")
     return CheckResult("Theorem 4.4 (aggregate decay)", passed, summary, table, b)
+
+
+def population_ap(t, sigma_delta: float = 1.0, v: float = 1.0, beta: float = 1.0, alpha: float = 0.0,
+                  z0: float = 0.0, n_grid: int = 40_001) -> np.ndarray:
+    """Population ``AP_t = E[4 Phi(z) Phi(-z)]`` when ``delta_1 ~ N(0, sigma_delta^2)`` has a density at 0.
+
+    ``z = delta_1 (alpha + beta t)/sqrt(v) + z0`` (Lemma A.1 with the semantic
+    part of the mean folded into ``z0``). Substituting ``u = delta_1 (alpha +
+    beta t)/sqrt(v)`` turns the expectation into
+    ``s(t) int 4 Phi(u + z0) Phi(-u - z0) f(u s(t)) du`` with
+    ``s(t) = sqrt(v)/|alpha + beta t|`` and ``f`` the density of ``delta_1``: an
+    integrand whose width no longer shrinks with t, so one fixed grid (Simpson,
+    ``n_grid`` points on ``|u + z0| <= 12``, where the rest is below
+    ``exp(-72)``) serves every t at once. Vectorised over ``t``.
+
+    Returns AP_t with the shape of ``t``.
+    """
+    from scipy.integrate import simpson
+
+    t = np.asarray(t, float)
+    s = math.sqrt(v) / np.abs(alpha + beta * t.ravel())  # [t]
+    u = np.linspace(-12.0, 12.0, n_grid) - z0  # [grid]
+    pp = pp_from_z(u + z0)  # [grid]
+    dens = stats.norm.pdf(u[None, :] * s[:, None], scale=sigma_delta)  # [t, grid]
+    return (s * simpson(pp * dens, x=u, axis=-1)).reshape(t.shape)
+
+
+def population_ap_gaussian(t, sigma_delta: float = 1.0, v: float = 1.0, beta: float = 1.0) -> np.ndarray:
+    """Closed form of :func:`population_ap` at ``alpha = z0 = 0``: ``(4/pi) arcsin(1/sqrt(2 (1 + a^2)))``, ``a = sigma_delta beta t/sqrt(v)``.
+
+    With ``X, Y1, Y2`` independent standard normals, ``E[Phi(aX)^2] = Pr[Y1 < aX, Y2 < aX]``, a bivariate
+    normal orthant with correlation ``rho = a^2/(1 + a^2)``, so ``E[4 Phi Phi] = 1 - (2/pi) arcsin(rho) =
+    (2/pi) arccos(rho)``; ``arccos(rho) = 2 arcsin(sqrt((1 - rho)/2))`` avoids the cancellation near 1.
+    For large t it is ``2 sqrt 2 sqrt(v)/(pi sigma_delta |beta| t) (1 + O(t^-2))``.
+    """
+    a = sigma_delta * beta * np.asarray(t, float) / math.sqrt(v)
+    return 4 / math.pi * np.arcsin(1 / np.sqrt(2 * (1 + a * a)))
+
+
+def population_rate_limit(sigma_delta: float = 1.0, v: float = 1.0, beta: float = 1.0) -> float:
+    """``lim t AP_t = f(0) sqrt(v)/|beta| * 4/sqrt(pi)`` with ``f(0) = 1/(sqrt(2 pi) sigma_delta)``.
+
+    It does not depend on ``alpha`` or ``z0``: the integral of ``4 Phi(u) Phi(-u)`` is shift-invariant.
+    """
+    return stats.norm.pdf(0.0, scale=sigma_delta) * math.sqrt(v) / abs(beta) * PP_INTEGRAL
+
+
+def check_population_rate(t=None, sigma_delta: float = 1.0, v: float = 1.0, beta: float = 1.0, alpha: float = 0.0,
+                          z0: float = 0.0, rtol: float = 1e-3) -> CheckResult:
+    """The population ``AP_t`` of Definition 4.3 decays like ``1/t``, not like ``exp(-c t^2)``.
+
+    ``delta_1 ~ N(0, sigma_delta^2)`` (continuous, density ``f(0) > 0``): pairs
+    with ``|delta_1| <~ sqrt(v)/(|beta| t)`` stay plastic at every t, and their
+    probability is ``~ 2 f(0) sqrt(v)/(|beta| t)``. Evaluates ``t AP_t`` by
+    quadrature (:func:`population_ap`) for ``t`` (default 10 ... 10^4) and checks
+    it against the limit :func:`population_rate_limit` (relative ``rtol`` at the
+    largest t) and, when ``alpha = z0 = 0``, against the closed form
+    :func:`population_ap_gaussian` at every t; also the log-log slope of AP_t
+    over the last decade, which is -1 for a ``1/t`` law and below -100 for any
+    ``exp(-c t^2)`` law that is visible at t = 10.
+    """
+    t = np.logspace(1, 4, 31) if t is None else np.asarray(t, float)
+    ap = population_ap(t, sigma_delta, v, beta, alpha, z0)
+    limit = population_rate_limit(sigma_delta, v, beta)
+    table = pd.DataFrame({"t": t, "AP_t": ap, "t_AP_t": t * ap, "limit": limit})
+    exact = alpha == 0 and z0 == 0
+    if exact:
+        table["AP_t_closed_form"] = population_ap_gaussian(t, sigma_delta, v, beta)
+    last = t >= t.max() / 10
+    slope = float(np.polyfit(np.log(t[last]), np.log(ap[last]), 1)[0]) if last.sum() > 1 else float("nan")
+    close = abs(t[-1] * ap[-1] / limit - 1) < rtol
+    agree = (not exact) or bool(np.allclose(ap, table["AP_t_closed_form"], rtol=1e-8, atol=0))
+    passed = bool(close and agree and abs(slope + 1) < 0.01)
+    summary = (f"t AP_t = {t[0] * ap[0]:.4f} at t = {t[0]:g}, {t[-1] * ap[-1]:.4f} at t = {t[-1]:g}; limit "
+               f"f(0) sqrt(v)/|beta| 4/sqrt(pi) = {limit:.4f}; log-log slope over the last decade {slope:.4f}"
+               + ("; quadrature = closed form" if exact and agree else ""))
+    return CheckResult("Population AP_t of Definition 4.3 (rate)", passed, summary, table,
+                       {"limit": limit, "slope": slope, "t_ap_last": float(t[-1] * ap[-1])})
 
 
 def aggregate_bound_for_heads(stats, metrics=None, route: str = "sharp") -> pd.DataFrame:

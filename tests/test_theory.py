@@ -61,3 +61,39 @@ def test_aggregate_bound_fails_with_too_large_c():
     t = res.table["t"].to_numpy()
     wrong = b["AP_inf"] + b["C"] * np.exp(-100 * b["c"] * t**2)
     assert (res.table["AP_t"].to_numpy() > wrong).any()
+
+
+def test_sharp_inequality_proved_beyond_mills_point_and_checked_below():
+    res = theory.sharp_inequality()
+    assert res["holds"]
+    np.testing.assert_allclose(res["z_switch"], 4 / np.sqrt(2 * np.pi))
+    assert res["max_log_gap"] <= 1e-13 and res["argmax"] == 0.0  # equality only at z = 0
+    # past the switch point the Mills step is a proof; spot-check that it indeed bounds the product there
+    z = np.linspace(res["z_switch"], 30, 1000)
+    from scipy import stats
+    assert (np.log(4) + stats.norm.logcdf(z) + stats.norm.logcdf(-z) <= np.log(4 * stats.norm.pdf(z) / z) + 1e-12).all()
+    assert (4 * stats.norm.pdf(z) / z <= np.exp(-z**2 / 2) * (1 + 1e-12)).all()
+    assert not theory.sharp_inequality(constant=4.2)["holds"]  # a constant above 4 fails at z = 0
+
+
+def test_population_ap_decays_like_one_over_t():
+    res = theory.check_population_rate()
+    assert res.passed, res
+    np.testing.assert_allclose(res.details["limit"], 4 / (np.pi * np.sqrt(2)), rtol=1e-12)  # 0.9003
+    t_ap = res.table["t_AP_t"].to_numpy()
+    assert 0.89 < t_ap.min() and t_ap.max() < 0.901  # t AP_t stays at 0.90 from t = 10 to 10^4
+    np.testing.assert_allclose(res.table["AP_t"], res.table["AP_t_closed_form"], rtol=1e-8)
+    # any exp(-c t^2) law: with c fitted at t = 10 it would already be 0 at t = 100
+    c = -np.log(res.table["AP_t"].iloc[0]) / 100
+    assert np.exp(-c * 100**2) < 1e-40 < res.table["AP_t"].iloc[10]
+
+
+def test_population_rate_limit_ignores_intercepts_and_scales_with_parameters():
+    shifted = theory.check_population_rate(alpha=3.0, z0=1.5)
+    assert shifted.passed, shifted
+    np.testing.assert_allclose(shifted.details["limit"], theory.population_rate_limit())
+    scaled = theory.check_population_rate(sigma_delta=2.0, v=3.0, beta=0.5)
+    assert scaled.passed, scaled
+    np.testing.assert_allclose(scaled.details["limit"], 0.9003163161571061 * np.sqrt(3) / 0.5 / 2)
+    # the check can fail: at t <= 20 t AP_t is still 0.4% below its limit
+    assert not theory.check_population_rate(rtol=1e-6, t=[10, 20]).passed
