@@ -74,6 +74,56 @@ def geometry_table(metrics: xr.Dataset) -> pd.DataFrame:
     return table
 
 
+def bias_share(metrics: xr.Dataset, quantiles=(0.05, 0.5, 0.95)) -> pd.Series:
+    """How much of the linear key-position preference ``mu_Q^T beta_K`` the drift axis carries.
+
+    ``key_position_slope / bias_strength`` per head (the full slope over
+    key position of the mean query's score against eq. 4.6's drift-axis part;
+    see the rotation page): its quantiles over heads, the median share
+    ``bias_strength / key_position_slope`` and how often the two have the
+    same sign. Heads where either is exactly 0 are left out.
+    """
+    full, bias = metrics.key_position_slope.values, metrics.bias_strength.values
+    ok = (full != 0) & (bias != 0) & np.isfinite(full) & np.isfinite(bias)
+    if not ok.any():
+        raise ValueError("no head has a non-zero bias_strength and key_position_slope: nothing to compare")
+    ratio = full[ok] / bias[ok]
+    out = {f"ratio, {int(100 * q)}% quantile" if q != 0.5 else "ratio, median": float(np.quantile(ratio, q))
+           for q in quantiles}
+    out["share of the slope on axis a (median)"] = float(np.median(bias[ok] / full[ok]))
+    out["heads with the same sign"] = float(np.mean(np.sign(full[ok]) == np.sign(bias[ok])))
+    out["heads"] = int(ok.sum())
+    return pd.Series(out, name="key_position_slope / bias_strength")
+
+
+def edge_buckets(metrics: xr.Dataset, options=None) -> pd.DataFrame:
+    """Which query buckets ``ap_first20`` and ``ap_last20`` average, under the run's options.
+
+    One row per edge (``first``, ``last``): the rule, the bucket indices in it,
+    those with plasticity defined for some head (bucket 0 has no earlier keys),
+    and their count. The two aggregates generally average different numbers of
+    buckets (with 16 buckets and the midpoint rule: 2 usable against 3), so their
+    sampling noise differs too.
+    """
+    from .options import AnalysisOptions
+    from .plasticity import _edge_masks
+
+    opt = AnalysisOptions.from_kwargs(options, **metrics.attrs.get("options", {})) if options is None else options
+    seq_len = int(metrics.attrs.get("capture", {}).get("seq_len", 0) or metrics.attrs.get("seq_len"))
+    tau = metrics.tau.values.astype(float)
+    first, last = _edge_masks(tau, seq_len, opt)
+    defined = ~np.isnan(metrics.ap.values).all(0)
+    rule = (f"tau / seq_len < {opt.edge_fraction:g} (first), >= {1 - opt.edge_fraction:g} (last)"
+            if opt.edge_rule == "position" else f"first/last ceil({opt.edge_fraction:g} x {len(tau)}) buckets")
+    rows = []
+    for name, mask in (("first", first), ("last", last)):
+        idx = metrics.query_bucket.values[mask]
+        use = metrics.query_bucket.values[mask & defined]
+        rows.append({"edge": name, "rule": rule, "buckets": idx.tolist(), "buckets with plasticity": use.tolist(),
+                     "n averaged": int(len(use))})
+    return pd.DataFrame(rows).set_index("edge")
+
+
 def bias_by_layer_band(metrics: xr.Dataset, n_bands: int = 3) -> pd.DataFrame:
     """Pooled and within-group correlation of bias_strength with separation_strength.
 

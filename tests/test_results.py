@@ -108,3 +108,30 @@ def test_checkpoint_metrics_over_local_checkpoints(tmp_path, monkeypatch):
     monkeypatch.setattr(qkplast.capture, "run_capture", lambda *a, **k: pytest.fail("recaptured"))
     again = results.checkpoint_metrics(ckpts, tmp_path / "run", **params)
     assert again[ckpts[0]].identical(got[ckpts[0]])
+
+
+def test_bias_share_quantiles_and_signs():
+    import xarray as xr
+    bias = np.array([1.0, 2.0, -1.0, 0.0, 4.0])
+    full = np.array([2.0, 3.0, -2.0, 5.0, -4.0])
+    m = xr.Dataset({"bias_strength": ("head", bias), "key_position_slope": ("head", full)})
+    s = results.bias_share(m)
+    ratio = np.array([2.0, 1.5, 2.0, -1.0])  # the head with bias 0 is left out
+    assert s["heads"] == 4
+    assert s["ratio, median"] == pytest.approx(np.median(ratio))
+    assert s["ratio, 5% quantile"] == pytest.approx(np.quantile(ratio, 0.05))
+    assert s["heads with the same sign"] == pytest.approx(0.75)
+    assert s["share of the slope on axis a (median)"] == pytest.approx(np.median(1 / ratio))
+    with pytest.raises(ValueError, match="non-zero"):
+        results.bias_share(m.assign(bias_strength=("head", np.zeros(5))))
+
+
+def test_edge_buckets_follow_the_options(metrics):
+    e = results.edge_buckets(metrics)
+    # 16 buckets of 128 in 2048 tokens, midpoints (j + 1/2) 128: tau/L < 0.2 for j <= 2, >= 0.8 for j >= 13;
+    # bucket 0 has no earlier keys
+    assert e.loc["first", "buckets"] == [0, 1, 2] and e.loc["first", "buckets with plasticity"] == [1, 2]
+    assert e.loc["last", "buckets with plasticity"] == [13, 14, 15]
+    assert (e["n averaged"].to_list()) == [2, 3]
+    by_index = results.edge_buckets(metrics, qkplast.AnalysisOptions(edge_rule="bucket_index"))
+    assert by_index.loc["first", "buckets"] == [0, 1, 2, 3] and by_index.loc["last", "n averaged"] == 4
