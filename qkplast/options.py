@@ -19,6 +19,7 @@ _CHOICES = {
     "pair_docs": ("same", "any"),
     "bucket_weight": ("tokens", "samples", "uniform"),
     "edge_rule": ("position", "bucket_index"),
+    "pair_weight": ("uniform", "prefix"),
 }
 
 
@@ -100,6 +101,21 @@ class AnalysisOptions:
         16 MB on the CPU, below glibc's largest mmap threshold, so buffers are
         reused instead of being mapped and zero-filled afresh (measured 2-4x
         faster than 32-head chunks here), and near 1 GB on a GPU.
+
+    Added later (plasticity, section 4.4)
+    -------------------------------------
+    pair_weight : {"uniform", "prefix"}
+        How the key pairs of a query bucket are averaged into ``ap``. "uniform"
+        (default, the thesis's estimator, 4.4.5): every admissible pair of the
+        earlier buckets counts the same. "prefix": Definition 4.3's weighting.
+        There the prefix length N is uniform on ``{1, ..., t-1}`` and the pair
+        uniform among the ``C(N, 2)`` pairs of the prefix, so a pair whose later
+        key sits at (1-indexed) position ``j`` has probability proportional to
+        ``sum_{N=j}^{t-1} 1/C(N, 2) = 2 (1/(j-1) - 1/(t-1))``: pairs of early keys
+        weigh far more. With ``t = tau + 1`` (tau is 0-indexed) the weight of a
+        sampled pair is ``1/(j-1) - 1/(t-1)``, normalised within the bucket
+        (an importance weight on the uniformly drawn pairs). The two estimate
+        different quantities; neither is a correction of the other.
     """
 
     taxonomy_low: float = 0.3
@@ -121,6 +137,7 @@ class AnalysisOptions:
     seed: int = 0
     device: str = "auto"
     head_chunk: int = 0
+    pair_weight: Literal["uniform", "prefix"] = "uniform"
 
     def __post_init__(self):
         for name, allowed in _CHOICES.items():

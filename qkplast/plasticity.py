@@ -14,7 +14,9 @@ Pipeline per head, vectorised over heads, query buckets and key pairs:
 4. Closed form (eqs. 4.11-4.14): ``mu = delta^T m_b``, ``v = delta^T S_b delta``,
    ``PP = 4 Phi(z) Phi(-z)`` with ``z = mu / sqrt(v)``; the product form keeps
    full relative precision when ``Phi(z)`` rounds to 1, where ``4 p (1 - p)``
-   would return 0.
+   would return 0. ``delta`` is never formed for the closed form: ``mu`` and
+   ``v`` come from per-key projections ``m_b^T K``, ``sigma_b^2 . (K * K)`` and
+   one weighted dot per pair (:func:`pair_moments`).
 5. Monte Carlo: for the same pairs, the fraction ``p`` of the bucket's captured
    queries with ``q^T k_i > q^T k_j`` (ties count one half), giving
    ``4 p (1 - p)`` with no Gaussian assumption.
@@ -214,13 +216,80 @@ def query_model(qr: torch.Tensor, t: torch.Tensor, onehot: torch.Tensor, tau: to
 
 
 def closed_form_kernel(delta: torch.Tensor, model: QueryModel) -> torch.Tensor:
-    """Pairwise plasticity ``[head, bucket, pair]`` from key differences ``delta`` ``[head, bucket, pair, dim]``."""
+    """Pairwise plasticity ``[head, bucket, pair]`` from key differences ``delta`` ``[head, bucket, pair, dim]``.
+
+    The straightforward form of eqs. 4.11-4.14, kept as the reference the fast
+    :func:`pair_closed_form` is tested against; it materialises every pair's
+    difference vector.
+    """
     mu = torch.einsum("hbpd,hbd->hbp", delta, model.mean)  # eq. 4.11
     if model.full:
         var = torch.einsum("hbpd,hbde,hbpe->hbp", delta, model.cov, delta)  # Lemma A.1 variance
     else:
         var = torch.einsum("hbpd,hbd->hbp", delta * delta, model.cov)  # eq. 4.12
     return pairwise_plasticity(mu, var)
+
+
+def rotate(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor):
+    """Householder vector ``u`` ``[head, dim]`` of the query drift (eq. 4.10) and the rotated ``q``, ``k``."""
+    beta = slope(q, t)  # [head, dim]  query drift, eq. 4.10
+    if (torch.linalg.vector_norm(beta, dim=-1) == 0).any():
+        raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
+    u = householder_vector(beta)
+    return u, householder_apply(u, q), householder_apply(u, k)  # [head, sample, dim]
+
+
+#: a fast variance below this fraction of the two keys' own quadratic forms is recomputed from delta
+_CANCELLATION = 1e-6
+
+
+def _pair_gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x[h, b, idx[b, p]]`` for ``x`` ``[head, bucket, sample]`` and ``idx`` ``[bucket, pair]``."""
+    return torch.gather(x, 2, idx[None].expand(x.shape[0], -1, -1))  # [head, bucket, pair]
+
+
+def pair_moments(kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor, model: QueryModel):
+    """Score mean ``mu`` and variance ``v`` ``[head, bucket, pair]`` of eqs. 4.11-4.12 without forming delta.
+
+    ``mu = m_b^T k_i - m_b^T k_j`` from the per-key projections ``m_b^T K``
+    (``[head, bucket, sample]``). With a diagonal covariance
+    ``v = s_i + s_j - 2 c_ij`` where ``s = sigma_b^2 . (K * K)`` per key and
+    ``c_ij = sum_d sigma_bd^2 k_id k_jd`` is one weighted dot per pair; with a
+    full one ``v = k_i^T S k_i + k_j^T S k_j - 2 k_j^T S k_i`` from ``S k_i``
+    of the pairs' keys only. The subtraction loses relative precision when the
+    two keys nearly coincide (``v`` much smaller than ``s_i + s_j``); those
+    pairs (below a ratio of 1e-6) are recomputed from their difference vector,
+    so every ``v`` keeps about 10 significant digits or more.
+    """
+    mk = torch.einsum("hsd,hbd->hbs", kr, model.mean)  # [head, bucket, sample]
+    mu = _pair_gather(mk, pi) - _pair_gather(mk, pj)  # [head, bucket, pair]
+    ki, kj = kr[:, pi], kr[:, pj]  # [head, bucket, pair, dim]
+    if model.full:
+        si = torch.einsum("hbpd,hbde->hbpe", ki, model.cov)  # [head, bucket, pair, dim]
+        own = (si * ki).sum(-1) + torch.einsum("hbpd,hbde,hbpe->hbp", kj, model.cov, kj)
+        var = own - 2 * (si * kj).sum(-1)
+    else:
+        sk = torch.einsum("hsd,hbd->hbs", kr * kr, model.cov)  # [head, bucket, sample]
+        own = _pair_gather(sk, pi) + _pair_gather(sk, pj)
+        var = own - 2 * (ki * model.cov[:, :, None, :] * kj).sum(-1)
+    bad = var <= _CANCELLATION * own.abs()
+    if bad.any():
+        h, b, p = bad.nonzero(as_tuple=True)
+        d = kr[h, pi[b, p]] - kr[h, pj[b, p]]  # [n_bad, dim]
+        if model.full:
+            var[h, b, p] = torch.einsum("nd,nde,ne->n", d, model.cov[h, b], d)
+        else:
+            var[h, b, p] = (d * d * model.cov[h, b]).sum(-1)
+    return mu, var
+
+
+def pair_closed_form(kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor, model: QueryModel) -> torch.Tensor:
+    """Pairwise plasticity ``[head, bucket, pair]`` (eqs. 4.11-4.14) from rotated keys ``[head, sample, dim]``.
+
+    Same values as :func:`closed_form_kernel` on ``delta = kr[:, pi] - kr[:, pj]``
+    (to rounding), computed through :func:`pair_moments`.
+    """
+    return pairwise_plasticity(*pair_moments(kr, pi, pj, model))
 
 
 def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor, qmask: torch.Tensor,
@@ -230,7 +299,7 @@ def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor
     ``qidx``/``qmask`` ``[bucket, n_max]`` list each bucket's query samples (padded).
     """
     qb = qr[:, qidx]  # [head, bucket, n_max, dim]
-    score = torch.einsum("hbnd,hbpd->hbnp", qb, delta)  # [head, bucket, n_max, pair]
+    score = qb @ delta.transpose(-1, -2)  # [head, bucket, n_max, pair]: one batched matmul
     win = (score > 0).to(qr.dtype) + 0.5 * (score == 0).to(qr.dtype)
     m = qmask[None, :, :, None].to(qr.dtype)
     n = qmask.sum(1).to(qr.dtype)[None, :, None]  # [1, bucket, 1]
@@ -241,31 +310,51 @@ def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor
     return torch.where(n >= 2, pp, torch.full_like(pp, float("nan")))
 
 
+def pair_monte_carlo(qr: torch.Tensor, kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor, qidx: torch.Tensor,
+                     qmask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """:func:`monte_carlo_kernel` from rotated keys: the sign of ``q^T (k_i - k_j)`` needs the difference,
+    formed here per chunk of heads only."""
+    return monte_carlo_kernel(qr, kr[:, pi] - kr[:, pj], qidx, qmask, unbiased)
+
+
 def closed_form(q, k, t, onehot, tau, pi, pj, options: AnalysisOptions):
     """Householder rotation, query model and closed-form pairwise plasticity for a chunk of heads.
 
     ``q``, ``k`` ``[head, sample, dim]``; ``pi``, ``pj`` ``[bucket, pair]`` sample indices.
-    Returns rotated queries, key differences ``[head, bucket, pair, dim]``, the
+    Returns rotated queries and keys ``[head, sample, dim]``, the
     :class:`QueryModel` and pairwise plasticity ``[head, bucket, pair]``.
     """
-    beta = slope(q, t)  # [head, dim]  query drift, eq. 4.10
-    if (torch.linalg.vector_norm(beta, dim=-1) == 0).any():
-        raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
-    u = householder_vector(beta)
-    qr, kr = householder_apply(u, q), householder_apply(u, k)  # [head, sample, dim]
+    _, qr, kr = rotate(q, k, t)
     model = query_model(qr, t, onehot, tau, options)
-    delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
-    return qr, delta, model, closed_form_kernel(delta, model)
+    return qr, kr, model, pair_closed_form(kr, pi, pj, model)
+
+
+def weighted_pair_mean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Weighted mean over the last axis of ``x`` ``[..., pair]`` with weights ``w`` (broadcast), NaN-aware."""
+    w = torch.where(torch.isnan(x), torch.zeros_like(x), w.expand_as(x))
+    ws = w.sum(-1)
+    s = (torch.nan_to_num(x) * w).sum(-1)
+    return torch.where(ws > 0, s / torch.where(ws > 0, ws, torch.ones_like(ws)), torch.full_like(s, float("nan")))
+
+
+def weighted_pair_se(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Standard error of :func:`weighted_pair_mean` over the pair draw: ``sqrt(n/(n-1) sum w^2 (x - m)^2) / sum w``.
+
+    With equal weights this is ``sd / sqrt(n)``. It measures the sampling of key
+    pairs only; the pairs of one bucket share its queries, so the query-sampling
+    part of the Monte Carlo error is not in it.
+    """
+    w = torch.where(torch.isnan(x), torch.zeros_like(x), w.expand_as(x))
+    m = weighted_pair_mean(x, w)
+    n = (w > 0).sum(-1).to(x.dtype)
+    ws = w.sum(-1)
+    ss = (w * w * torch.nan_to_num(x - m[..., None]) ** 2).sum(-1)
+    ok = n >= 2
+    se = torch.sqrt(ss * n / (n - 1).clamp_min(1)) / torch.where(ws > 0, ws, torch.ones_like(ws))
+    return torch.where(ok, se, torch.full_like(se, float("nan")))
 
 
 # --------------------------------------------------------------------------- public
-
-
-def _nanmean(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
-    ok = mask & ~torch.isnan(x)
-    s = torch.where(ok, x, torch.zeros_like(x)).sum(dim)
-    c = ok.sum(dim)
-    return torch.where(c > 0, s / c.clamp_min(1), torch.full_like(s, float("nan")))
 
 
 def _weighted_nanmean(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -313,17 +402,23 @@ def summarize_profile(ap: np.ndarray, tau: np.ndarray, width, counts, seq_len: i
     }
 
 
+def _bytes_per_head(lay: "_Layout", dim: int, opt: AnalysisOptions, monte_carlo: bool) -> int:
+    """Largest temporaries per head: the pairs' gathered keys (and the Monte Carlo scores)."""
+    n_bucket, n_pairs, n_max = len(lay.buckets), lay.pi.shape[1], lay.qidx.shape[1]
+    per = 8 * n_bucket * n_pairs * (3 * dim + (n_max if monte_carlo else 0))
+    return per + (8 * n_bucket * dim * dim if opt.covariance != "diagonal" else 0)
+
+
 def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.ndarray, _Layout]:
-    """Closed-form plasticity ``[head, query_bucket]`` only: no Monte Carlo, no maps (for resampling)."""
+    """Closed-form plasticity ``[head, query_bucket]`` only: no Monte Carlo, no maps."""
     dev = resolve_device(options.device)
     lay = _layout(capture, options, dev, warn=False)
-    dim = capture.sizes["dim"]
-    per_head = 8 * len(lay.buckets) * options.n_pairs * dim
     out = []
-    for sl in head_chunks(capture.sizes["head"], options.head_chunk or auto_chunk(per_head, dev)):
+    chunk = options.head_chunk or auto_chunk(_bytes_per_head(lay, capture.sizes["dim"], options, False), dev)
+    for sl in head_chunks(capture.sizes["head"], chunk):
         q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)
         pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, options)[3]
-        out.append(_nanmean(pp, lay.pvalid, -1))
+        out.append(weighted_pair_mean(pp, lay.pweight))
     return to_numpy(torch.cat(out)), lay
 
 
@@ -343,6 +438,24 @@ class _Layout:
     pvalid: torch.Tensor  # [bucket, pair], False for padding and for buckets with too few queries
     qidx: torch.Tensor  # [bucket, n_max]
     qmask: torch.Tensor
+    pweight: torch.Tensor  # [bucket, pair] weight of each pair in ap (options.pair_weight); 0 where not valid
+
+
+def pair_weights(pairs: KeyPairs, position: np.ndarray, rule: str) -> np.ndarray:
+    """Weight ``[bucket, pair]`` of each drawn pair in its bucket's average (``AnalysisOptions.pair_weight``).
+
+    "uniform": 1. "prefix": Definition 4.3's ``1/(j-1) - 1/(t-1)``, with ``j`` the
+    1-indexed position of the pair's later key and ``t = tau + 1``; a pair whose
+    later key is not below ``t - 1`` gets 0 (no prefix shorter than t holds it).
+    Padding gets 0 either way.
+    """
+    if rule == "uniform":
+        return pairs.valid.astype(float)
+    j = np.maximum(position[pairs.i], position[pairs.j]).astype(float) + 1  # [bucket, pair], >= 2
+    t = pairs.tau[:, None] + 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = 1.0 / (j - 1) - 1.0 / (t - 1)
+    return np.where(pairs.valid & np.isfinite(w) & (w > 0), w, 0.0)
 
 
 def _layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool) -> _Layout:
@@ -373,11 +486,13 @@ def _layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: 
     for b in range(n_bucket):  # a loop over buckets, not over samples or heads
         members = order[starts[b]: starts[b + 1]]
         qidx[b, : len(members)], qmask[b, : len(members)] = members, True
+    pvalid = pairs.valid & ~few[:, None]
+    pweight = np.where(pvalid, pair_weights(pairs, capture["position"].values, opt.pair_weight), 0.0)
     return _Layout(
         buckets, width, counts, pairs, as_f64(capture["position"], dev), onehot, as_f64(pairs.tau, dev),
         torch.as_tensor(pairs.i, device=dev), torch.as_tensor(pairs.j, device=dev),
-        torch.as_tensor(pairs.valid, device=dev) & torch.as_tensor(~few, device=dev)[:, None],
-        torch.as_tensor(qidx, device=dev), torch.as_tensor(qmask, device=dev),
+        torch.as_tensor(pvalid, device=dev), torch.as_tensor(qidx, device=dev), torch.as_tensor(qmask, device=dev),
+        as_f64(pweight, dev),
     )
 
 
@@ -409,18 +524,17 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     qb_ = np.clip(np.digitize(q_dist, edges) - 1, 0, opt.map_bins - 1)
     cell = torch.as_tensor(kb * opt.map_bins + qb_, device=dev).reshape(-1)  # [bucket*pair]
 
-    ap, ap_mc, maps, maps_mc, fits = [], [], [], [], []
+    ap, ap_mc, ap_mc_se, maps, maps_mc, fits = [], [], [], [], [], []
     n_bad_var = 0
-    dim = capture.sizes["dim"]
-    per_head = 8 * n_bucket * (opt.n_pairs * (dim + n_max)
-                               + (dim * dim if opt.covariance != "diagonal" else 0))
-    for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head, dev)):
+    chunk = opt.head_chunk or auto_chunk(_bytes_per_head(lay, capture.sizes["dim"], opt, True), dev)
+    for sl in head_chunks(capture.sizes["head"], chunk):
         q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)  # [head, sample, dim]
-        qr, delta, model, pp = closed_form(q, k, t, onehot, tau, pi, pj, opt)
+        qr, kr, model, pp = closed_form(q, k, t, onehot, tau, pi, pj, opt)
         n_bad_var += int((torch.isnan(pp) & pvalid).sum())
-        pp_mc = monte_carlo_kernel(qr, delta, qidx_t, qmask_t, opt.mc_unbiased)
-        ap.append(_nanmean(pp, pvalid, -1))
-        ap_mc.append(_nanmean(pp_mc, pvalid, -1))
+        pp_mc = pair_monte_carlo(qr, kr, pi, pj, qidx_t, qmask_t, opt.mc_unbiased)
+        ap.append(weighted_pair_mean(pp, lay.pweight))
+        ap_mc.append(weighted_pair_mean(pp_mc, lay.pweight))
+        ap_mc_se.append(weighted_pair_se(pp_mc, lay.pweight))
         for src, dst in ((pp, maps), (pp_mc, maps_mc)):
             flat = src.reshape(src.shape[0], -1)
             ok = (pvalid.reshape(-1)[None] & ~torch.isnan(flat)).to(torch.float64)
@@ -436,6 +550,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
 
     ap = to_numpy(torch.cat(ap))  # [head, bucket]
     ap_mc = to_numpy(torch.cat(ap_mc))
+    ap_mc_se = to_numpy(torch.cat(ap_mc_se))
     aggregates = lambda a, suffix: {  # noqa: E731
         f"{name}{suffix}": value for name, value in summarize_profile(a, pairs.tau, width, counts, seq_len, opt).items()
     }
@@ -456,6 +571,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
         {
             "ap": (("head", "query_bucket"), ap),
             "ap_mc": (("head", "query_bucket"), ap_mc),
+            "ap_mc_se": (("head", "query_bucket"), ap_mc_se),
             **aggregates(ap, ""),
             **aggregates(ap_mc, "_mc"),
             "ap_map": (("head", "key_distance", "query_distance"), ap_map),
@@ -483,6 +599,10 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     )
     ds["ap"].attrs["meaning"] = "mean Gaussian closed-form pairwise plasticity 4 Phi(z) Phi(-z) over key pairs (eqs. 4.11-4.14)"
     ds["ap_mc"].attrs["meaning"] = "mean empirical 4 p (1-p) from the bucket's captured queries, same key pairs"
+    ds["ap_mc_se"].attrs["meaning"] = (
+        "Monte Carlo standard error of ap_mc over the key-pair draw (weighted sd / sqrt(n) over pairs); the "
+        "pairs share the bucket's queries, so query-sampling error is not included")
+    ds.attrs["pair_weight"] = opt.pair_weight
     return ds
 
 
@@ -514,7 +634,8 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
     sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
     lay = _layout(sub, opt, dev, warn=False)
     q, k = as_f64(sub["q"], dev), as_f64(sub["k"], dev)
-    qr, delta, model, pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, opt)
+    qr, kr, model, pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, opt)
+    delta = kr[:, lay.pi] - kr[:, lay.pj]  # [head, bucket, pair, dim]: every term is returned, so formed once
     variants = {}
     for name, cov, fit in (("v_diag", "diagonal", opt.positional_fit), ("v_full", "full", opt.positional_fit),
                            ("v_indep", "full", "per_bucket"), ("v_joint", "joint", "per_bucket")):

@@ -8,6 +8,13 @@
   against position; ``mu_q_a``: mean query projection on a;
 * ``bias_strength = mu_q_a * alpha_k`` (eq. 4.6): the rate at which the mean
   a-axis contribution to ``q^T k`` grows with the key's position;
+* ``key_position_slope = mu_Q^T beta_K`` with ``beta_K`` the least-squares
+  slope of the keys over position (fitted as ``alpha_k`` is, on all d
+  coordinates): the full slope of the mean query's score over key position.
+  It equals ``bias_strength + mu_Q^T P beta_K`` (``P`` the projector off a);
+  zero position covariance of the pooled cloud off a does not make the keys'
+  own drift off a vanish, so the second term is not zero in general.
+  ``key_position_ratio = key_position_slope / bias_strength``;
 * ``separation_strength = (mu_Q - mu_K)^T b``: the maximised objective of eq. 4.4;
 * ``plane_variance_fraction``: share of the pooled cloud's total variance in the
   {a, b} plane.
@@ -23,7 +30,8 @@ from .stats import covariance_with, pearson, slope
 
 SCALARS = (
     "alpha_q", "alpha_k", "mu_q_a", "bias_strength", "r_q_a", "r_k_a", "separation_strength",
-    "plane_variance_fraction", "position_cov_a", "orthogonal_position_cov",
+    "plane_variance_fraction", "position_cov_a", "orthogonal_position_cov", "key_position_slope",
+    "key_position_ratio",
 )
 
 
@@ -53,19 +61,24 @@ def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[s
     xa, xb = torch.einsum("hsd,hd->hs", x, a), torch.einsum("hsd,hd->hs", x, b)
     total_var = x.var(1).sum(-1)  # [head]
     x_perp = x - xa[..., None] * a[:, None, :]  # [head, 2*sample, dim]
+    key_slope = (q.mean(1) * slope(k, t)).sum(-1)  # mu_Q^T beta_K
+    bias = mu_q_a * alpha_k
     return {
         "axis_a": a,
         "axis_b": b,
         "alpha_q": alpha_q,
         "alpha_k": alpha_k,
         "mu_q_a": mu_q_a,
-        "bias_strength": mu_q_a * alpha_k,  # eq. 4.6
+        "bias_strength": bias,  # eq. 4.6
         "r_q_a": pearson(qa[..., None], t)[..., 0],
         "r_k_a": pearson(ka[..., None], t)[..., 0],
         "separation_strength": (diff * b).sum(-1),
         "plane_variance_fraction": (xa.var(1) + xb.var(1)) / total_var,
         "position_cov_a": covariance_with(xa[..., None], tt)[..., 0],
         "orthogonal_position_cov": torch.linalg.vector_norm(covariance_with(x_perp, tt), dim=-1),
+        "key_position_slope": key_slope,
+        "key_position_ratio": torch.where(bias != 0, key_slope / torch.where(bias != 0, bias, torch.ones_like(bias)),
+                                          torch.full_like(bias, float("nan"))),
     }
 
 
@@ -90,4 +103,8 @@ def rotation(capture: xr.Dataset, *, device="auto", head_chunk: int = 0) -> xr.D
         "max over unit u orthogonal to axis a of |Cov(u^T x, t)|, measured on the pooled Q+K data; "
         "zero up to rounding by construction (eq. 4.3)"
     )
+    ds["key_position_slope"].attrs["meaning"] = (
+        "mu_Q^T beta_K: slope over key position of the mean query's score (beta_K the least-squares slope of "
+        "the keys on position); equals bias_strength + mu_Q^T P beta_K, P the projector off axis a")
+    ds["key_position_ratio"].attrs["meaning"] = "key_position_slope / bias_strength (NaN where bias_strength = 0)"
     return ds

@@ -206,3 +206,55 @@ def test_pair_statistics_reproduce_ap_and_isolate_the_independence_assumption(ga
     ratio = (ps_dep.v_joint / ps_dep.v_indep).values
     assert np.nanmax(np.abs(ratio - 1)) > 0.3
     np.testing.assert_allclose(ps.gamma * np.sqrt(ps.v_diag), ps.delta1 * ps.beta_pos, rtol=1e-10)
+
+
+@pytest.mark.parametrize("covariance", ["diagonal", "full", "joint"])
+def test_fast_closed_form_matches_the_materialising_reference(gaussian, covariance):
+    """pair_closed_form never forms delta; the straightforward eqs. 4.11-4.14 on delta agree to rounding."""
+    from qkplast.plasticity import _layout, closed_form, closed_form_kernel, pair_moments
+
+    cap = gaussian[0]
+    kw = {"covariance": covariance, "n_pairs": 64}
+    if covariance == "joint":
+        kw["positional_fit"] = "per_bucket"
+    opt = AnalysisOptions(**kw)
+    lay = _layout(cap, opt, torch.device("cpu"), warn=False)
+    q, k = torch.as_tensor(cap.q.values), torch.as_tensor(cap.k.values)
+    qr, kr, model, pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, opt)
+    delta = kr[:, lay.pi] - kr[:, lay.pj]
+    want = closed_form_kernel(delta, model)
+    ok = lay.pvalid.expand_as(pp)
+    np.testing.assert_allclose(pp[ok].numpy(), want[ok].numpy(), rtol=1e-12, atol=1e-14)
+    # a pair of (nearly) identical keys: the cancellation guard recomputes its variance from delta
+    kr2 = kr.clone()
+    kr2[:, lay.pj[3, 0]] = kr2[:, lay.pi[3, 0]] * (1 + 1e-9)
+    mu, var = pair_moments(kr2, lay.pi, lay.pj, model)
+    d = kr2[:, lay.pi[3, 0]] - kr2[:, lay.pj[3, 0]]
+    exact = torch.einsum("hd,hde,he->h", d, model.cov[:, 3], d) if model.full else (d * d * model.cov[:, 3]).sum(-1)
+    np.testing.assert_allclose(var[:, 3, 0].numpy(), exact.numpy(), rtol=1e-9)
+
+
+def test_prefix_pair_weights_follow_definition_4_3(gaussian):
+    from qkplast.plasticity import pair_weights
+
+    cap = gaussian[0]
+    pairs = sample_key_pairs(cap, AnalysisOptions(n_pairs=64))
+    w = pair_weights(pairs, cap.position.values, "prefix")
+    pos = cap.position.values
+    b, p = 6, 5
+    j = max(pos[pairs.i[b, p]], pos[pairs.j[b, p]]) + 1
+    assert w[b, p] == pytest.approx(1 / (j - 1) - 1 / pairs.tau[b])
+    assert (w[~pairs.valid] == 0).all() and (w[pairs.valid] > 0).all()
+    uni, pre = run(cap, n_pairs=64), run(cap, n_pairs=64, pair_weight="prefix")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from qkplast.plasticity import _layout, closed_form
+
+        opt = AnalysisOptions(n_pairs=64)
+        lay = _layout(cap, opt, torch.device("cpu"), warn=False)
+        pp = closed_form(torch.as_tensor(cap.q.values), torch.as_tensor(cap.k.values), lay.t, lay.onehot, lay.tau,
+                         lay.pi, lay.pj, opt)[3].numpy()
+    want = np.nansum(pp[:, b] * w[b], -1) / w[b].sum()
+    np.testing.assert_allclose(pre.ap.values[:, b], want, rtol=1e-12)
+    assert not np.allclose(pre.ap.values[:, 2:], uni.ap.values[:, 2:])
+    assert (pre.ap_mc_se.values[:, 1:] > 0).all() and (uni.ap_mc_se.values[:, 1:] < 0.05).all()

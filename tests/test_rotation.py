@@ -60,3 +60,25 @@ def test_plane_variance_fraction_bounds(planted):
     r = rotation(planted[0])
     assert ((r.plane_variance_fraction > 0) & (r.plane_variance_fraction <= 1)).all()
     assert (np.abs(r.r_k_a) <= 1).all() and (np.abs(r.r_q_a) <= 1).all()
+
+
+def test_key_position_slope_is_the_slope_of_the_mean_score(planted):
+    """mu_Q^T beta_K is the least-squares slope of mean_q(q)^T k over key position, and it splits into
+    bias_strength plus the part of the key drift off axis a."""
+    import numpy as np
+
+    from qkplast.rotation import rotation
+
+    cap = planted[0] if isinstance(planted, tuple) else planted
+    r = rotation(cap, device="cpu")
+    t = cap.position.values.astype(float)
+    score = np.einsum("hd,hsd->hs", cap.q.values.mean(1), cap.k.values)
+    want = np.array([np.polyfit(t, s, 1)[0] for s in score])
+    np.testing.assert_allclose(r.key_position_slope.values, want, rtol=1e-9)
+    a = r.axis_a.values
+    beta_k = np.array([np.polyfit(t, cap.k.values[h], 1)[0] for h in range(cap.sizes["head"])])
+    off = beta_k - np.einsum("hd,hd->h", beta_k, a)[:, None] * a
+    mu_q = cap.q.values.mean(1)
+    np.testing.assert_allclose(r.key_position_slope.values, r.bias_strength.values + np.einsum("hd,hd->h", mu_q, off),
+                               rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(r.key_position_ratio.values, r.key_position_slope.values / r.bias_strength.values)
