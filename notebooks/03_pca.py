@@ -91,7 +91,8 @@ print(f"queries look more positional than keys on PC0, as in the thesis: {q_firs
 # ## Head taxonomy
 #
 # The thesis reports 26.6% position-dominated, 14.2% Q-positional, 3.8% content-focused and 55.4% mixed
-# heads over 3,239 heads of 11 models (section 6.1.1). The small default model is one model, on a short
+# heads over its 11 primary models (section 6.1.1; the head count, 3,239, is given with the bias-strength
+# results, section 6.1.2 and Fig. A.2). The small default model is one model, on a short
 # context and a different corpus, so only the qualitative picture is comparable; the results chapter sets
 # the numbers side by side.
 

@@ -58,8 +58,7 @@
 # :label: prop-separation-axis
 #
 # Let $\Delta = \mu_Q - \mu_K$ and $P = I - a a^\top$. If $P\Delta \neq 0$, then
-# $b = P\Delta / \lVert P\Delta\rVert$ (eq. 4.5), and the maximum is $\lVert P\Delta\rVert$, which we
-# report as `separation_strength`.
+# $b = P\Delta / \lVert P\Delta\rVert$ (eq. 4.5), and the maximum is $\lVert P\Delta\rVert$.
 # ```
 #
 # ```{prf:proof}
@@ -68,30 +67,49 @@
 # $u = P\Delta/\lVert P\Delta\rVert$, which is itself orthogonal to $a$ since $a^\top P = 0$.
 # ```
 #
-# ```{prf:proposition} Bias strength
+# The metric `separation_strength` $= (\mu_Q - \mu_K)^\top b = \lVert P\Delta\rVert$ is **this project's own
+# definition**: the thesis speaks of a "separation strength" (Fig. A.3, section 6.3.2) without defining it;
+# the maximised objective of eq. 4.4 is the natural reading, but it is a reading.
+#
+# Write $\beta_K = \operatorname{Cov}(k, t)/\operatorname{Var}(t) \in \mathbb R^d$ for the least-squares slopes of
+# the key coordinates on key position, $\alpha_K = a^\top\beta_K$ for its component on the drift axis, and
+# $\mu_Q^a = a^\top\mu_Q$.
+#
+# ```{prf:proposition} Bias strength and the full key-position slope
 # :label: prop-bias-strength
 #
-# Split every score as $q^\top k = (q^\top a)(k^\top a) + q^\top P k$. Let the keys' projections on $a$
-# follow the least-squares line $k^\top a \approx \alpha_K t_k + \kappa$ in the key position $t_k$, and
-# let $\mu_Q^a$ be the mean query projection on $a$. Then the mean contribution of the drift axis to the
-# score of a key at position $t_k$ is $\mu_Q^a(\alpha_K t_k + \kappa)$, which changes with the key's
-# position at the rate
+# Average the score $q^\top k$ over queries with the key fixed: $\mu_Q^\top k$. Its least-squares slope over
+# key position is $\mu_Q^\top\beta_K$, and it splits into the drift-axis part and the rest,
 #
 # $$
-# \mathrm{bias\_strength} = \mu_Q^a \, \alpha_K \qquad \text{(eq. 4.6)}.
+# \mu_Q^\top\beta_K \;=\; \underbrace{\mu_Q^a\,\alpha_K}_{\mathrm{bias\_strength}\ \text{(eq. 4.6)}}
+# \;+\; \mu_Q^\top P\,\beta_K .
 # $$
+#
+# The second term is in general not zero. When queries and keys are captured at the same positions (as here),
+# the pooled construction of $a$ forces only $P(\beta_Q + \beta_K) = 0$, i.e. $P\beta_K = -P\beta_Q$: the
+# off-axis drifts of queries and keys cancel *in the pool*, not each on its own.
 # ```
 #
 # ```{prf:proof}
-# Averaging $(q^\top a)(k^\top a)$ over queries with the key fixed gives $\mu_Q^a\,(k^\top a)$; replacing
-# $k^\top a$ by its fitted line gives $\mu_Q^a(\alpha_K t_k + \kappa)$, whose derivative in $t_k$ is
-# $\mu_Q^a \alpha_K$. The term $q^\top P k$ carries no linear position covariance of the pooled cloud
-# ({prf:ref}`prop-drift-axis`), so the linear, absolute-position part of the score sits on $a$.
+# Slopes are linear in the data, so the slope of $\mu_Q^\top k$ is $\mu_Q^\top\beta_K$. Insert
+# $I = aa^\top + P$: $\mu_Q^\top\beta_K = (\mu_Q^\top a)(a^\top\beta_K) + \mu_Q^\top P\beta_K
+# = \mu_Q^a\alpha_K + \mu_Q^\top P\beta_K$. For the second claim: with $N$ queries and $N$ keys at the same
+# positions $t_1, \dots, t_N$, the pooled cloud has covariance with position
+# $c = \tfrac{N-1}{2N-1}\operatorname{Var}(t)(\beta_Q + \beta_K)$ (the centroid offset $\Delta$ does not
+# covary with $t$, since both halves have the same mean position). {prf:ref}`prop-drift-axis` gives $Pc = 0$,
+# hence $P\beta_K = -P\beta_Q$, which vanishes only if the queries' drift is itself along $a$.
 # ```
 #
-# A positive bias strength therefore raises the scores of keys at *larger* positions, the ones closest to
-# a later query: a recency bias. (Section 4.3 of the thesis glosses the nearer keys as "smaller position
-# values"; the derivation says larger. {doc}`07_corrections` checks this on the captured heads.)
+# So eq. 4.6 is the drift-axis share of the linear key-position preference, not all of it. The thesis calls
+# the separation of the position signal onto $a$ "exact by construction" (section 4.3.3); what is exact is
+# only that the *pooled* cloud has no position covariance off $a$ ({prf:ref}`prop-drift-axis`). An earlier
+# version of this page concluded from that that $q^\top Pk$ carries no linear position dependence; that step
+# was wrong, and the measured ratio $\mu_Q^\top\beta_K/\mathrm{bias\_strength}$ below shows by how much.
+#
+# A positive bias strength raises the scores of keys at *larger* positions, the ones closest to a later
+# query: a recency bias. (Section 4.3 of the thesis glosses the nearer keys as "smaller position values";
+# the derivation says larger. {doc}`07_corrections` checks this on the captured heads.)
 
 # %% tags=["parameters"]
 model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
@@ -113,6 +131,7 @@ import numpy as np
 import pandas as pd
 
 import qkplast.plots as qp
+from qkplast import results
 from qkplast.batch import load_or_analyze, load_or_capture
 
 capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
@@ -126,8 +145,9 @@ print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}")
 # {prf:ref}`prop-drift-axis` is exact, so numerically the covariance of any direction orthogonal to $a$
 # with position must vanish up to rounding. `orthogonal_position_cov` measures it from the data: the
 # pooled cloud is projected off $a$ and the norm of the projection's covariance with position is taken,
-# which is the largest covariance any unit direction orthogonal to $a$ can have. The thesis reports
-# $7.3\times10^{-15}$.
+# which is the largest covariance any unit direction orthogonal to $a$ can have. The thesis says "exactly
+# zero by construction" (section 4.3.1); the residual of $7.3\times10^{-15}$ comes from the author's
+# experimental notes, not from the thesis.
 
 # %%
 relative = (metrics.orthogonal_position_cov / metrics.position_cov_a).values
@@ -140,7 +160,7 @@ assert (abs((metrics.axis_a * metrics.axis_b).sum("dim")) < 1e-12).all(), "a and
 #
 # On PC0 queries looked more positional than keys. On the drift axis the order reverses: the thesis finds
 # $|r_k^{(a)}| \approx 0.87 > |r_q^{(a)}| \approx 0.74$ (section 6.1.2). PC0 had mixed the Q/K centroid offset
-# into the position gradient; $a$ separates them by construction.
+# into the position gradient; $a$ is built from position alone, so the offset does not enter it.
 
 # %%
 reversal = pd.Series({
@@ -170,7 +190,7 @@ fig = qp.ab_plane(capture, metrics, top)
 # %% [markdown]
 # ## Bias strength across heads
 #
-# The thesis finds positive bias strength in 99.0% of 3,239 heads (section 6.1.2).
+# The thesis finds positive bias strength in 99.0% of 3,239 heads (section 6.1.2 and Fig. A.2).
 
 # %%
 share_positive = float((metrics.bias_strength > 0).mean())
@@ -180,3 +200,29 @@ fig = qp.bias_distribution(metrics)
 
 # %%
 fig = qp.bias_vs_separation(metrics)
+
+# %% [markdown]
+# ## How much of the key-position preference sits on $a$
+#
+# {prf:ref}`prop-bias-strength` splits the slope of the mean query's score over key position,
+# $\mu_Q^\top\beta_K$ (the metric `key_position_slope`), into `bias_strength` and $\mu_Q^\top P\beta_K$. The cell
+# recomputes both sides from the raw captured vectors in float64, checks the identity and the pooled
+# cancellation $P\beta_K = -P\beta_Q$, and then reports the ratio over heads.
+
+# %%
+q, k = capture.q.values.astype(float), capture.k.values.astype(float)  # [head, sample, dim]
+t = capture.position.values.astype(float)
+tc = t - t.mean()
+beta_k = np.einsum("hsd,s->hd", k - k.mean(1, keepdims=True), tc) / (tc @ tc)  # [head, dim] key drift
+beta_q = np.einsum("hsd,s->hd", q - q.mean(1, keepdims=True), tc) / (tc @ tc)  # [head, dim] query drift
+mu_q, a = q.mean(1), metrics.axis_a.values  # [head, dim]
+off_a = lambda x: x - (x * a).sum(-1, keepdims=True) * a  # noqa: E731  (P x, P = I - a a^T)
+slope_full = (mu_q * beta_k).sum(-1)
+off_axis = (mu_q * off_a(beta_k)).sum(-1)
+scale = np.abs(slope_full).max()
+assert np.abs(slope_full - (metrics.bias_strength.values + off_axis)).max() < 1e-6 * scale, "identity of the proposition"
+assert np.abs(slope_full - metrics.key_position_slope.values).max() < 1e-6 * scale, "the metric is mu_Q^T beta_K"
+cancel = np.abs(off_a(beta_k) + off_a(beta_q)).max() / np.abs(off_a(beta_k)).max()
+print(f"|P beta_K + P beta_Q| / |P beta_K| over heads: {cancel:.1e} (pooled cancellation); "
+      f"off-axis term / full slope: median {np.median(off_axis / slope_full):.2f}")
+results.bias_share(metrics).round(3)

@@ -19,7 +19,7 @@
 # # Results 6.2: plasticity profiles
 #
 # Section 6.2 of the thesis shows that plasticity falls with query position in every model it examined, by
-# about 0.07 (Ministral-3), 0.16-0.19 (Qwen-3) and 0.17-0.23 (Llama-3.2) between the first and the last fifth
+# 0.07-0.08 (Ministral-3), 0.16-0.19 (Qwen-3) and 0.17-0.23 (Llama-3.2) between the first and the last fifth
 # of a 128K context (Table 6.1), that it depends on two distances (Fig. 6.3), and that heads differ widely
 # (Fig. 6.4). This page shows the same for this project's run, with three additions the thesis names as
 # open (section 7.5): bootstrap intervals over documents, the same model on prose and on code, and how well
