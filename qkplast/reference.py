@@ -254,3 +254,41 @@ def citation_key(number: int) -> str:
     if number not in keys.index:
         raise KeyError(f"the thesis has no reference [{number}]; it numbers {keys.index.min()}..{keys.index.max()}")
     return str(keys.loc[number])
+
+
+def table_a1_in_first_bucket() -> pd.DataFrame:
+    """Table A.1 entries whose position bin lies inside the first position bucket of their phase.
+
+    Under section 4.4.5 only keys of *earlier* buckets are eligible, so a query in the first bucket
+    (``[0, bucket_size)``, bucket sizes from the text after Table 5.2) has no key pairs and no
+    plasticity; yet Table A.1 prints values there. Returns those rows with the bucket size in tokens.
+    """
+    a1 = load("smollm3_lc_per_position")
+    size = load("smollm3_checkpoints").set_index("checkpoint").bucket_size_tokens
+    a1 = a1.assign(bucket_size_tokens=a1.checkpoint.map(size).astype(int))
+    inside = (a1.hi_k * 1024 <= a1.bucket_size_tokens) & a1.ap.notna()
+    return a1.loc[inside, ["checkpoint", "label", "bin_label", "lo_k", "hi_k", "bucket_size_tokens", "ap"]]
+
+
+def head_shortfall_hypothesis(n_layers: int, n_q_heads: int, n_excluded_layers: int, n_sampled: int = 300,
+                              shortfall: int | None = None) -> dict:
+    """If the sampled heads that fall in excluded layers were dropped, how many would be missing?
+
+    Heads are drawn uniformly without replacement (section 5.4.1), so the number in the excluded
+    layers is hypergeometric. Returns its mean, standard deviation, a central 90% range and, for an
+    observed ``shortfall`` (e.g. 3,300 - 3,239 = 61), the two-sided tail probability of a value at
+    least that far from the mean. A hypothesis check, not a proof of what the thesis did.
+    """
+    from scipy import stats
+
+    total, bad = n_layers * n_q_heads, n_excluded_layers * n_q_heads
+    if not 0 < n_sampled <= total or not 0 <= bad <= total:
+        raise ValueError(f"need 0 < n_sampled <= n_layers * n_q_heads = {total} and 0 <= excluded heads <= {total}")
+    dist = stats.hypergeom(total, bad, n_sampled)
+    out = {"heads": total, "excluded_heads": bad, "mean": float(dist.mean()), "sd": float(dist.std()),
+           "range_90": (int(dist.ppf(0.05)), int(dist.ppf(0.95)))}
+    if shortfall is not None:
+        dev = abs(shortfall - dist.mean())
+        out["shortfall"] = shortfall
+        out["p_two_sided"] = float(min(1.0, dist.cdf(math.floor(dist.mean() - dev)) + dist.sf(math.ceil(dist.mean() + dev) - 1)))
+    return out

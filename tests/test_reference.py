@@ -459,3 +459,28 @@ def test_table_a1_has_exactly_the_printed_gaps():
     assert missing == [("lc32k_4k", "32K–48K"), ("lc32k_4k", "48K–64K"), ("lc32k_20k", "32K–48K"),
                        ("lc32k_20k", "48K–64K"), ("lc64k_4k", "0–1K"), ("lc64k_20k", "0–1K")]
     assert isinstance(df, pd.DataFrame) and len(df) == 32
+
+
+def test_table_a1_prints_values_inside_the_first_bucket():
+    # 4.4.5: keys from earlier buckets only, so the first bucket of a phase (2,048 tokens in the
+    # 4K->32K phase, 4,096 in 32K->64K) has no plasticity; Table A.1 still prints 0-1K and 1K-2K values,
+    # and in the 32K->64K phase 2K-4K too
+    first = reference.table_a1_in_first_bucket()
+    got = sorted(zip(first.checkpoint, first.bin_label))
+    assert got == sorted([("lc32k_4k", "0–1K"), ("lc32k_4k", "1K–2K"), ("lc32k_20k", "0–1K"),
+                          ("lc32k_20k", "1K–2K"), ("lc64k_4k", "1K–2K"), ("lc64k_20k", "1K–2K"),
+                          ("lc64k_4k", "2K–4K"), ("lc64k_20k", "2K–4K")])
+    assert (first.hi_k * 1024 <= first.bucket_size_tokens).all()
+
+
+def test_head_shortfall_hypothesis_for_llama_11b_cross_attention():
+    # Llama-3.2-11B-Vision: 40 layers x 32 query heads (Table 5.1), 8 cross-attention layers
+    # (the model's configuration); 300 heads drawn uniformly: about 60 land in cross-attention layers
+    m = reference.load("models").set_index("model").loc["Llama-3.2-11B-Vision"]
+    h = reference.head_shortfall_hypothesis(int(m.n_layers), int(m.n_q_heads), 8, shortfall=11 * 300 - 3239)
+    assert h["mean"] == pytest.approx(60.0) and h["shortfall"] == 61
+    assert h["range_90"][0] <= 61 <= h["range_90"][1] and h["p_two_sided"] > 0.5
+    # the check can reject: with 2 excluded layers 61 is far out
+    assert reference.head_shortfall_hypothesis(40, 32, 2, shortfall=61)["p_two_sided"] < 1e-6
+    with pytest.raises(ValueError):
+        reference.head_shortfall_hypothesis(1, 10, 0, n_sampled=300)
