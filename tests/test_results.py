@@ -135,3 +135,17 @@ def test_edge_buckets_follow_the_options(metrics):
     assert (e["n averaged"].to_list()) == [2, 3]
     by_index = results.edge_buckets(metrics, qkplast.AnalysisOptions(edge_rule="bucket_index"))
     assert by_index.loc["first", "buckets"] == [0, 1, 2, 3] and by_index.loc["last", "n averaged"] == 4
+
+
+def test_null_verdict_wording_follows_the_comparison():
+    rng = np.random.default_rng(0)
+    null = rng.normal(0, 1, 999)
+    strong = results.null_verdict(4.0, null, null_name="shuffle")
+    assert strong["confirmed"] and strong["word"] == "confirmed" and strong["p"] == pytest.approx(1 / 1000)
+    assert "shuffle (999 replicates)" in strong["text"] and "confirmed" in strong["text"]
+    weak = results.null_verdict(0.5, null)
+    assert not weak["confirmed"] and weak["word"] == "not distinguishable from the null"
+    assert weak["p"] == pytest.approx((1 + (null >= 0.5).sum()) / 1000)
+    assert results.null_verdict(-4.0, null, alternative="less")["confirmed"]
+    with pytest.raises(ValueError, match="empty"):
+        results.null_verdict(1.0, [np.nan])
