@@ -189,15 +189,24 @@ def quintile_table(metrics_by_run: dict[str, xr.Dataset], include_thesis: bool =
     return table.round(3)
 
 
+#: interval columns of a bootstrap Dataset: (label, low variable, high variable)
+INTERVALS = (("basic", "lo", "hi"), ("percentile", "lo_percentile", "hi_percentile"), ("BCa", "lo_bca", "hi_bca"))
+
+
 def with_intervals(boot: xr.Dataset, digits: int = 3) -> pd.DataFrame:
-    """Estimate and bootstrap interval per metric, as printed in the results tables."""
+    """Estimate and every bootstrap interval per metric (basic, percentile, BCa where present), as printed.
+
+    ``attrs["note"]`` states the replicate count, the number of documents and the method.
+    """
     level = int(round(100 * boot.attrs["level"]))
-    out = pd.DataFrame({
-        "estimate": boot.estimate.values, f"{level}% interval (basic)": [
-            f"[{lo:.{digits}g}, {hi:.{digits}g}]" for lo, hi in zip(boot.lo.values, boot.hi.values)],
-        "bootstrap se": boot.se.values, "replicate bias": boot.bias.values,
-    }, index=boot.metric.values)
-    out.attrs["note"] = f"{boot.attrs['n_boot']} replicates over {boot.attrs['n_docs']} documents"
+    out = pd.DataFrame({"estimate": boot.estimate.values}, index=boot.metric.values)
+    for label, lo, hi in INTERVALS:
+        if lo in boot and hi in boot:
+            out[f"{level}% {label}"] = [f"[{a:.{digits}g}, {b:.{digits}g}]" for a, b in zip(boot[lo].values, boot[hi].values)]
+    out["bootstrap se"] = boot.se.values
+    out["replicate bias"] = boot.bias.values
+    method = boot.attrs.get("method", "bootstrap over documents, basic and percentile intervals")
+    out.attrs["note"] = f"{boot.attrs['n_boot']} replicates over {boot.attrs['n_docs']} documents; {method}"
     return out
 
 
@@ -226,7 +235,9 @@ def corpus_comparison(runs: dict[str, xr.Dataset], boots: dict[str, xr.Dataset] 
         for name, b in boots.items():
             for metric in ("ap_first20", "ap_last20", "ap_drop"):
                 i = list(b.metric.values).index(metric)
-                table.loc[f"{metric} interval", name] = f"[{b.lo.values[i]:.3f}, {b.hi.values[i]:.3f}]"
+                for label, lo, hi in INTERVALS:
+                    if lo in b:
+                        table.loc[f"{metric} {label} interval", name] = f"[{b[lo].values[i]:.3f}, {b[hi].values[i]:.3f}]"
     return table
 
 

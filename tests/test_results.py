@@ -80,7 +80,14 @@ def test_trajectory_table_and_corpus_comparison(metrics):
     cap, _ = planted_capture(n_heads=2, dim=8, seq_len=1024, bucket_size=128, n_docs=6, samples_per_bucket=2, seed=1)
     b = bootstrap(cap, n_boot=3, n_pairs=16)
     c = results.corpus_comparison({"x": metrics, "y": metrics}, {"x": b, "y": b})
-    assert (c["x"] == c["y"]).all() and c.loc["ap_drop interval", "x"].startswith("[")
+    assert (c["x"] == c["y"]).all() and c.loc["ap_drop basic interval", "x"].startswith("[")
+    w = results.with_intervals(b)
+    assert "95% basic" in w.columns and "95% percentile" in w.columns
+    lo, hi = float(b.lo.sel(metric="ap_drop")), float(b.hi.sel(metric="ap_drop"))
+    assert w.loc["ap_drop", "95% basic"] == f"[{lo:.3g}, {hi:.3g}]"
+    assert w.attrs["note"].startswith("3 replicates over 6 documents")
+    if "lo_bca" in b:
+        assert "95% BCa" in w.columns and c.loc["ap_drop BCa interval", "x"].startswith("[")
 
 
 def test_checkpoint_metrics_over_local_checkpoints(tmp_path, monkeypatch):
