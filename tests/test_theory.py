@@ -97,3 +97,17 @@ def test_population_rate_limit_ignores_intercepts_and_scales_with_parameters():
     np.testing.assert_allclose(scaled.details["limit"], 0.9003163161571061 * np.sqrt(3) / 0.5 / 2)
     # the check can fail: at t <= 20 t AP_t is still 0.4% below its limit
     assert not theory.check_population_rate(rtol=1e-6, t=[10, 20]).passed
+
+
+def test_key_slope_sign_null_separates_planted_drift_from_a_shuffle():
+    from qkplast.synthetic import planted_capture
+
+    cap, _ = planted_capture(n_heads=6, dim=8, seq_len=1024, bucket_size=128, n_docs=4, samples_per_bucket=4, seed=2)
+    res = theory.key_slope_sign_null(cap, n_perm=40, seed=0, chunk=16)
+    assert res["null"].shape == (40,) and ((0 <= res["null"]) & (res["null"] <= 1)).all()
+    import qkplast
+    rot = qkplast.analyze(cap, n_pairs=8)
+    want = float((np.sign(rot.key_position_slope) == np.sign(rot.bias_strength)).mean())
+    assert res["observed"] == pytest.approx(want)
+    # the shuffle is a permutation: the same seed gives the same null
+    np.testing.assert_array_equal(res["null"], theory.key_slope_sign_null(cap, n_perm=40, seed=0, chunk=16)["null"])
