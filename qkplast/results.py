@@ -205,8 +205,10 @@ def with_intervals(boot: xr.Dataset, digits: int = 3) -> pd.DataFrame:
             out[f"{level}% {label}"] = [f"[{a:.{digits}g}, {b:.{digits}g}]" for a, b in zip(boot[lo].values, boot[hi].values)]
     out["bootstrap se"] = boot.se.values
     out["replicate bias"] = boot.bias.values
-    method = boot.attrs.get("method", "bootstrap over documents, basic and percentile intervals")
-    out.attrs["note"] = f"{boot.attrs['n_boot']} replicates over {boot.attrs['n_docs']} documents; {method}"
+    method = boot.attrs.get("method")
+    out.attrs["note"] = (f"{boot.attrs['n_docs']} documents; {method}" if method else
+                         f"{boot.attrs['n_boot']} replicates over {boot.attrs['n_docs']} documents; basic and "
+                         f"percentile intervals")
     return out
 
 
