@@ -48,7 +48,7 @@ checkpoints = []  # e.g. ["HuggingFaceTB/SmolLM3-3B-checkpoints@stage1-step-4000
 import pandas as pd
 
 import qkplast.plots as qp
-from qkplast import results
+from qkplast import reference, results
 
 # %% [markdown]
 # ## This project's checkpoints
@@ -85,3 +85,11 @@ fig = qp.trajectory(thesis)
 
 # %%
 results.thesis_lc_positions()
+
+# %% [markdown]
+# Some of these entries lie inside the first position bucket of their phase, where the method of section
+# 4.4.5 (keys from earlier buckets only) has no key pairs and so no plasticity; they must have been computed
+# by some other rule, which the thesis does not state ({doc}`07_corrections`, item 13):
+
+# %%
+reference.table_a1_in_first_bucket()
