@@ -157,13 +157,15 @@ def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) 
     return metrics, messages
 
 
-def load_or_bootstrap(run_dir: str | os.PathLike, capture: xr.Dataset, n_boot: int = 40, seed: int = 0,
+def load_or_bootstrap(run_dir: str | os.PathLike, capture: xr.Dataset, n_boot: int = 1000, seed: int = 0,
                       **options) -> xr.Dataset:
-    """Open the run's bootstrap if it was made with these settings, else compute and save it."""
+    """Open the run's bootstrap if it was made with these settings, else compute and save it (1000 replicates)."""
     from .bootstrap import bootstrap
+    from .reweight import supports
 
     opt = AnalysisOptions.from_kwargs(None, seed=seed, **options)
-    key = {"n_boot": n_boot, "seed": seed, "options": opt.result_key()}
+    key = {"n_boot": n_boot, "seed": seed, "options": opt.result_key(),
+           "computation": "reweight" if supports(opt) else "exact"}
     path = _cached_path(Path(run_dir), "bootstrap", key, lambda p: open_dataset(p).attrs.get("key"))
     if path.exists():
         return open_dataset(path)

@@ -27,6 +27,7 @@ def test_resample_keeps_documents_whole_and_copies_distinct(cap, rng):
 
 def test_intervals_and_estimate(cap):
     b = bootstrap(cap, n_boot=12, seed=1, n_pairs=64)
+    assert b.attrs["n_boot"] == 12 and "BCa" in b.attrs["method"] and (b.lo_bca <= b.hi_bca).all()
     assert list(b.metric.values) == list(METRICS) and b.replicates.shape == (len(METRICS), 12)
     full = model_level(cap, AnalysisOptions(n_pairs=64))
     np.testing.assert_allclose(b.estimate.values, [full[m] for m in METRICS])
@@ -56,3 +57,37 @@ def test_bad_arguments(cap):
     one = cap.isel(sample=np.flatnonzero(cap.doc.values == cap.doc.values[0]))
     with pytest.raises(ValueError, match="at least two documents"):
         bootstrap(one, n_boot=5)
+
+
+def test_reweighting_reproduces_each_materialised_replicate_exactly(cap):
+    """With every admissible pair kept, a replicate's key pairs are its documents' pairs, so reweighting the
+    per-document sums must give the re-analysed replicate to rounding, replicate by replicate."""
+    few = planted_capture(n_heads=2, dim=8, seq_len=1024, bucket_size=256, n_docs=6, samples_per_bucket=2, seed=4)[0]
+    opt = dict(n_pairs=128)  # at most 6 docs x C(6, 2) = 90 admissible pairs per bucket: all are kept
+    fast = bootstrap(few, n_boot=6, seed=3, method="reweight", **opt)
+    slow = bootstrap(few, n_boot=6, seed=3, method="exact", **opt)
+    np.testing.assert_allclose(fast.replicates, slow.replicates, rtol=1e-9)
+    np.testing.assert_allclose(fast.jackknife, slow.jackknife, rtol=1e-9)
+    assert fast.attrs["computation"] == "reweight" and "6 replicates" in fast.attrs["method"]
+
+
+def test_reweighted_standard_errors_match_per_replicate_reanalysis(cap):
+    """Sampled key pairs (redrawn per replicate in the exact method): the spreads agree within Monte Carlo error."""
+    fast = bootstrap(cap, n_boot=400, seed=5, method="reweight", n_pairs=64)
+    slow = bootstrap(cap, n_boot=80, seed=6, method="exact", n_pairs=64)
+    # relative sd of an SE estimate from n replicates is about 1/sqrt(2 n): 0.08 for n = 80; allow 3 of those
+    ratio = (fast.se / slow.se).sel(metric=["ap_overall", "ap_first20", "ap_last20", "ap_drop", "bias_strength"])
+    assert (abs(ratio - 1) < 0.3).all(), ratio.values
+
+
+def test_bca_interval_reduces_to_percentile_without_bias_or_skew():
+    from qkplast.bootstrap import bca_interval
+
+    rng = np.random.default_rng(0)
+    reps = rng.normal(size=(20001, 1))
+    jack = np.linspace(-1, 1, 11)[:, None]  # symmetric: acceleration 0
+    lo, hi, z0, a = bca_interval(reps, np.array([np.median(reps)]), jack, 0.95)
+    assert abs(a[0]) < 1e-12 and abs(z0[0]) < 0.02
+    np.testing.assert_allclose([lo[0], hi[0]], np.quantile(reps, [0.025, 0.975]), atol=0.03)
+    skewed = np.array([0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3.0])[:, None]  # one influential document
+    assert bca_interval(reps, np.array([0.0]), skewed, 0.95)[3][0] < 0
