@@ -1,125 +1,139 @@
-"""Closed-form plasticity: vectorised kernel versus a straightforward per-pair loop, side by side.
+"""Closed-form plasticity: the old materialising kernel versus the new delta-free one, side by side.
 
-Workload (issue 2): 300 heads x 16 query buckets x 256 key pairs, head dim 128.
-Both paths start from the same rotated keys and the same per-bucket query model
-(Householder, eqs. 4.10-4.12); they differ only in how the 1.2 M pair terms
-(eqs. 4.11-4.14) are evaluated. The loop is timed on ``--loop-heads`` heads and
-scaled linearly to 300 (it is linear in heads by construction); both the
-measured and the scaled times are printed. The two results are compared
-number by number.
+Workload (issue 9): 300 heads x 16 query buckets x 256 key pairs, head dim 128,
+1024 samples. "old" is the implementation before issue 9, kept here as the
+reference (:func:`old_closed_form`, :func:`old_monte_carlo`): it forms every
+pair's rotated difference vector ``[head, bucket, pair, dim]`` and evaluates
+eqs. 4.11-4.14 on it, in 16 MB head chunks. "new" is
+:func:`qkplast.plasticity.pair_closed_form` (per-key projections and one
+weighted dot per pair) and :func:`qkplast.plasticity.pair_monte_carlo` (one
+batched matmul). Both start from the same rotated data and the same pairs, and
+their results are compared number by number. Then the whole ``analyze()``
+call (PCA, rotation, plasticity) is timed, split by part.
 
-    python benchmarks/bench_plasticity.py [--heads 300] [--loop-heads 4] [--device cpu]
+    python benchmarks/bench_plasticity.py [--heads 300] [--threads 2] [--device cpu] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
+import warnings
 
 import numpy as np
 import torch
 
 from qkplast._torch import auto_chunk
+from qkplast.analyze import analyze
 from qkplast.options import AnalysisOptions
-from qkplast.plasticity import bucket_layout, closed_form, plasticity, sample_key_pairs
+from qkplast.pca import pca
+from qkplast.plasticity import (_layout, closed_form_kernel, pair_closed_form, pair_monte_carlo, plasticity,
+                                query_model, rotate)
+from qkplast.rotation import rotation
 from qkplast.synthetic import planted_capture
 
 
-def per_pair_loop(qr, kr, mean, var, pairs, valid):
-    """Reference: one Python iteration per (head, bucket, pair), scalar math only."""
-    n_head, n_bucket, n_pairs = qr.shape[0], pairs[0].shape[0], pairs[0].shape[1]
-    out = np.full((n_head, n_bucket, n_pairs), np.nan)
-    for h in range(n_head):
-        for b in range(n_bucket):
-            for p in range(n_pairs):
-                if not valid[b, p]:
-                    continue
-                delta = kr[h, pairs[0][b, p]] - kr[h, pairs[1][b, p]]
-                mu = float(delta @ mean[h, b])
-                v = float((delta * delta) @ var[h, b])
-                z = mu / math.sqrt(v)
-                out[h, b, p] = 4 * 0.5 * math.erfc(-z / math.sqrt(2)) * 0.5 * math.erfc(z / math.sqrt(2))
-    return out
+def old_closed_form(q, k, t, onehot, tau, pi, pj, opt):
+    """The pre-issue-9 path: rotate, query model, materialise delta, eqs. 4.11-4.14 on it."""
+    _, qr, kr = rotate(q, k, t)
+    model = query_model(qr, t, onehot, tau, opt)
+    delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
+    return qr, delta, model, closed_form_kernel(delta, model)
+
+
+def old_monte_carlo(qr, delta, qidx, qmask, unbiased=True):
+    """The pre-issue-9 Monte Carlo kernel (einsum over the gathered queries and delta)."""
+    qb = qr[:, qidx]
+    score = torch.einsum("hbnd,hbpd->hbnp", qb, delta)
+    win = (score > 0).to(qr.dtype) + 0.5 * (score == 0).to(qr.dtype)
+    m = qmask[None, :, :, None].to(qr.dtype)
+    n = qmask.sum(1).to(qr.dtype)[None, :, None]
+    p = (win * m).sum(2) / n.clamp_min(1)
+    pp = 4 * p * (1 - p) * n / (n - 1).clamp_min(1)
+    return torch.where(n >= 2, pp, torch.full_like(pp, float("nan")))
+
+
+def best(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), times, out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", type=int, default=300)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--loop-heads", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
-
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")
     cap, _ = planted_capture(n_heads=args.heads, dim=args.dim, seq_len=16 * 512, bucket_size=512, n_docs=32,
                              samples_per_bucket=2, seed=0)
     # pairs from any document and any earlier key, so every one of the 16 buckets gets its 256 pairs
     opt = AnalysisOptions(pair_docs="any", eligible_keys="before_query", n_pairs=256, device=args.device)
     dev = torch.device(args.device)
-    pairs = sample_key_pairs(cap, opt)
-    _, tau, _, _ = bucket_layout(cap, opt.query_position)
-    print(f"workload: {args.heads} heads x {len(tau)} query buckets x {opt.n_pairs} pairs "
-          f"({int(pairs.valid.sum()) * args.heads:,} pair terms), dim {args.dim}, {cap.sizes['sample']} samples, "
-          f"device {args.device}, torch threads {torch.get_num_threads()}")
-
+    lay = _layout(cap, opt, dev, warn=False)
     q = torch.as_tensor(cap.q.values, dtype=torch.float64, device=dev)
     k = torch.as_tensor(cap.k.values, dtype=torch.float64, device=dev)
-    t = torch.as_tensor(cap.position.values, dtype=torch.float64, device=dev)
-    bucket = torch.as_tensor(cap.bucket.values, device=dev)
-    onehot = (bucket[None] == torch.arange(len(tau), device=dev)[:, None]).double()
-    pi, pj = torch.as_tensor(pairs.i, device=dev), torch.as_tensor(pairs.j, device=dev)
-    tau_t = torch.as_tensor(tau, dtype=torch.float64, device=dev)
+    n_bucket, n_max = len(lay.buckets), lay.qidx.shape[1]
+    print(f"workload: {args.heads} heads x {n_bucket} query buckets x {opt.n_pairs} pairs "
+          f"({int(lay.pvalid.sum()) * args.heads:,} pair terms), dim {args.dim}, {cap.sizes['sample']} samples, "
+          f"device {args.device}, torch threads {torch.get_num_threads()}")
+    old_chunk = auto_chunk(8 * n_bucket * (opt.n_pairs * (args.dim + n_max)), dev)
+    new_chunk = auto_chunk(8 * n_bucket * opt.n_pairs * (3 * args.dim + n_max), dev)
 
-    def vectorised():
-        outs = []
-        chunk = auto_chunk(8 * len(tau) * opt.n_pairs * args.dim, dev)
-        for s in range(0, args.heads, chunk):
-            sl = slice(s, s + chunk)
-            outs.append(closed_form(q[sl], k[sl], t, onehot, tau_t, pi, pj, opt))
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return outs
+    def run_old(mc):
+        out = []
+        for s in range(0, args.heads, old_chunk):
+            sl = slice(s, s + old_chunk)
+            qr, delta, model, pp = old_closed_form(q[sl], k[sl], lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, opt)
+            out.append((pp, old_monte_carlo(qr, delta, lay.qidx, lay.qmask) if mc else None))
+        return out
 
-    vectorised()  # warm-up
-    times = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        outs = vectorised()
-        times.append(time.perf_counter() - t0)
-    t_vec = min(times)
-    pp_vec = torch.cat([o[3] for o in outs]).cpu().numpy()
+    def run_new(mc):
+        out = []
+        for s in range(0, args.heads, new_chunk):
+            sl = slice(s, s + new_chunk)
+            _, qr, kr = rotate(q[sl], k[sl], lay.t)
+            model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
+            pp = pair_closed_form(kr, lay.pi, lay.pj, model)
+            out.append((pp, pair_monte_carlo(qr, kr, lay.pi, lay.pj, lay.qidx, lay.qmask) if mc else None))
+        return out
 
-    # the loop gets the same inputs (rotated keys, per-bucket query model), precomputed outside its timer
-    n = args.loop_heads
-    qr, delta, model, _ = closed_form(q[:n], k[:n], t, onehot, tau_t, pi, pj, opt)
-    from qkplast.linalg import householder_apply, householder_vector
-    from qkplast.stats import slope
-    kr = householder_apply(householder_vector(slope(q[:n], t)), k[:n]).cpu().numpy()
-    mean, var = model.mean.cpu().numpy(), model.cov.cpu().numpy()
-    t0 = time.perf_counter()
-    pp_loop = per_pair_loop(qr.cpu().numpy(), kr, mean, var, (pairs.i, pairs.j), pairs.valid)
-    t_loop_measured = time.perf_counter() - t0
-    t_loop = t_loop_measured * args.heads / n
-    per_pair_us = 1e6 * t_loop_measured / (n * pairs.valid.sum())
-    diff = np.nanmax(np.abs(pp_loop - pp_vec[:n]))
+    rows = []
+    for label, mc in (("closed form (rotation, query model, eqs. 4.11-4.14)", False),
+                      ("closed form + Monte Carlo", True)):
+        run_old(mc), run_new(mc)  # warm-up
+        t_old, _, o = best(lambda: run_old(mc), args.repeats)
+        t_new, _, n = best(lambda: run_new(mc), args.repeats)
+        pp_o, pp_n = torch.cat([x[0] for x in o]), torch.cat([x[0] for x in n])
+        ok = lay.pvalid.expand_as(pp_o)
+        rel = float(((pp_o - pp_n).abs() / pp_o.abs().clamp_min(1e-300))[ok].max())
+        extra = ""
+        if mc:
+            mc_o, mc_n = torch.cat([x[1] for x in o]), torch.cat([x[1] for x in n])
+            extra = f"; Monte Carlo identical: {bool(torch.equal(torch.nan_to_num(mc_o), torch.nan_to_num(mc_n)))}"
+        rows.append((label, t_old, t_new, f"max relative difference {rel:.1e}{extra}"))
 
-    t0 = time.perf_counter()
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plasticity(cap, opt)
-    t_full = time.perf_counter() - t0
-
-    print(f"vectorised closed form, {args.heads} heads: {t_vec:.2f} s (best of {args.repeats}: "
-          + ", ".join(f"{x:.2f}" for x in times) + ")")
-    print(f"per-pair loop, {n} heads measured: {t_loop_measured:.2f} s ({per_pair_us:.1f} us per pair); "
-          f"scaled to {args.heads} heads: {t_loop:.1f} s")
-    print(f"ratio loop / vectorised: {t_loop / t_vec:.0f}x")
-    print(f"max |difference| between the two on the {n} common heads: {diff:.2e}")
-    print(f"whole plasticity() call (pair draw, closed form, Monte Carlo, 2D maps, aggregates): {t_full:.2f} s")
-    print(f"target: 300-head closed-form batch under 5 s on CPU -> {'met' if t_vec < 5 else 'NOT met'}")
+    t_pca, _, _ = best(lambda: pca(cap, device=args.device), args.repeats)
+    t_rot, _, _ = best(lambda: rotation(cap, device=args.device), args.repeats)
+    t_pl, _, _ = best(lambda: plasticity(cap, opt), args.repeats)
+    t_an, _, _ = best(lambda: analyze(cap, opt), args.repeats)
+    old_core = rows[1][1]
+    new_core = rows[1][2]
+    print(f"\n{'step':58s} {'old (s)':>9s} {'new (s)':>9s} {'speed-up':>9s}")
+    for label, t_o, t_n, note in rows:
+        print(f"{label:58s} {t_o:9.3f} {t_n:9.3f} {t_o / t_n:8.1f}x   {note}")
+    est_old = t_an - new_core + old_core
+    print(f"{'analyze() (PCA + rotation + plasticity), measured new':58s} {est_old:9.3f} {t_an:9.3f} {est_old / t_an:8.1f}x"
+          "   old = new - new core + old core (same PCA and rotation)")
+    print(f"  of which: pca() {t_pca:.3f} s, rotation() {t_rot:.3f} s, plasticity() {t_pl:.3f} s (best of {args.repeats})")
+    print(f"target: 300-head analyze() under 1 s on {args.threads} cores -> {'met' if t_an < 1 else 'NOT met'} ({t_an:.2f} s)")
 
 
 if __name__ == "__main__":

@@ -180,14 +180,17 @@ def query_model(qr: torch.Tensor, t: torch.Tensor, onehot: torch.Tensor, tau: to
     """
     n = onehot.sum(1)  # [bucket]
     denom = (n - 1).clamp_min(1)
-    mean_b = torch.einsum("bs,hsd->hbd", onehot, qr) / n.clamp_min(1)[:, None]  # [head, bucket, dim]
+    # bucket sums by index (segment sums): h*s*d work instead of the one-hot product's h*b*s*d
+    idx = onehot.argmax(0)  # [sample] bucket of each sample
+    mean_b = qr.new_zeros(qr.shape[0], onehot.shape[0], qr.shape[-1]).index_add_(1, idx, qr)
+    mean_b = mean_b / n.clamp_min(1)[:, None]  # [head, bucket, dim]
     # each sample minus the mean of its own bucket (two-pass variance, no E[x^2] - E[x]^2 cancellation)
-    resid = qr - torch.einsum("bs,hbd->hsd", onehot, mean_b)  # [head, sample, dim]
+    resid = qr - mean_b[:, idx]  # [head, sample, dim]
     full = options.covariance in ("full", "joint")
     if full:
         cov_b = torch.einsum("bs,hsd,hse->hbde", onehot, resid, resid) / denom[:, None, None]
     else:
-        cov_b = torch.einsum("bs,hsd->hbd", onehot, resid * resid) / denom[:, None]
+        cov_b = torch.zeros_like(mean_b).index_add_(1, idx, resid * resid) / denom[:, None]
     if options.semantic_stats == "global":
         mean_g, cq = qr.mean(1), qr - qr.mean(1, keepdim=True)
         cov_g = cq.transpose(1, 2) @ cq / (qr.shape[1] - 1) if full else cq.var(1)
