@@ -31,8 +31,11 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
     xarray.Dataset
         Per head: ``r_q_pc``, ``r_k_pc``, ``explained_variance_ratio`` (head, pc),
         ``taxonomy``; ``r_q_a``, ``r_k_a``, ``alpha_q``, ``alpha_k``, ``mu_q_a``,
-        ``bias_strength`` (eq. 4.6), ``plane_variance_fraction``,
+        ``bias_strength`` (eq. 4.6), ``key_position_slope`` (``mu_Q^T beta_K``, the
+        full slope of the mean score over key position) and ``key_position_ratio``
+        (its ratio to ``bias_strength``), ``plane_variance_fraction``,
         ``separation_strength``, the axes ``axis_a``/``axis_b``; ``ap``, ``ap_mc``
+        and ``ap_mc_se`` (its Monte Carlo standard error over the pair draw)
         (head, query_bucket), ``ap_overall``, ``ap_first20``, ``ap_last20``,
         ``ap_drop`` (and ``_mc`` twins), ``ap_context`` and the 2D map ``ap_map``.
         The head coords of the capture are kept; attrs hold the options, the

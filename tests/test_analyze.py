@@ -12,8 +12,9 @@ from qkplast.synthetic import planted_capture, random_orthogonal
 REQUIRED = {
     ("head", "pc"): ["r_q_pc", "r_k_pc", "explained_variance_ratio"],
     ("head",): ["taxonomy", "r_q_a", "r_k_a", "alpha_q", "alpha_k", "mu_q_a", "bias_strength",
-                "plane_variance_fraction", "separation_strength", "ap_overall", "ap_first20", "ap_last20", "ap_drop"],
-    ("head", "query_bucket"): ["ap", "ap_mc"],
+                "plane_variance_fraction", "separation_strength", "ap_overall", "ap_first20", "ap_last20", "ap_drop",
+                "key_position_slope", "key_position_ratio"],
+    ("head", "query_bucket"): ["ap", "ap_mc", "ap_mc_se"],
     ("head", "key_distance", "query_distance"): ["ap_map", "ap_mc_map"],
 }
 
