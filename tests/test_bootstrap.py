@@ -91,3 +91,15 @@ def test_bca_interval_reduces_to_percentile_without_bias_or_skew():
     np.testing.assert_allclose([lo[0], hi[0]], np.quantile(reps, [0.025, 0.975]), atol=0.03)
     skewed = np.array([0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3.0])[:, None]  # one influential document
     assert bca_interval(reps, np.array([0.0]), skewed, 0.95)[3][0] < 0
+
+
+def test_reweighting_refuses_what_it_cannot_express(cap):
+    from qkplast.reweight import reweighted_statistics, supports
+
+    assert supports(AnalysisOptions()) and not supports(AnalysisOptions(covariance="full"))
+    with pytest.raises(ValueError, match="method='exact'"):
+        reweighted_statistics(cap, np.ones((1, 16)), AnalysisOptions(covariance="full"))
+    with pytest.raises(ValueError, match="one column per document"):
+        reweighted_statistics(cap, np.ones((1, 3)))
+    b = bootstrap(cap, n_boot=3, covariance="full", n_pairs=16)
+    assert b.attrs["computation"] == "exact"
