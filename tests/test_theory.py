@@ -105,8 +105,13 @@ def test_key_slope_sign_null_separates_planted_drift_from_a_shuffle():
     cap, _ = planted_capture(n_heads=6, dim=8, seq_len=1024, bucket_size=128, n_docs=4, samples_per_bucket=4, seed=2)
     res = theory.key_slope_sign_null(cap, n_perm=40, seed=0, chunk=16)
     assert res["null"].shape == (40,) and ((0 <= res["null"]) & (res["null"] <= 1)).all()
+    import warnings
+
     import qkplast
-    rot = qkplast.analyze(cap, n_pairs=8)
+    from qkplast.plasticity import PlasticityWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 has no pairs: irrelevant to the signs
+        rot = qkplast.analyze(cap, n_pairs=8)
     want = float((np.sign(rot.key_position_slope) == np.sign(rot.bias_strength)).mean())
     assert res["observed"] == pytest.approx(want)
     # the shuffle is a permutation: the same seed gives the same null
