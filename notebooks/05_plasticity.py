@@ -50,6 +50,19 @@
 # among the admissible ones (eq. 4.9). The map $t \mapsto \mathrm{AP}_t$ is the head's plasticity profile.
 # ```
 #
+# **Two departures of the estimator from this definition** (both measured below, in
+# {ref}`sec-departures`):
+#
+# - *Pair weighting.* Under Definition 4.3 a pair whose later key sits at position $j$ enters every prefix of
+#   length $N \ge j$, each with probability $\frac{1}{t-1}\binom{N}{2}^{-1}$, so its weight is
+#   $\sum_{N=j}^{t-1}\frac{2}{(t-1)N(N-1)} = \frac{2}{t-1}\big(\frac{1}{j-1} - \frac{1}{t-1}\big)$: pairs of early keys
+#   weigh far more. The thesis's estimator (section 4.4.5) draws pairs uniformly from the keys of earlier
+#   buckets. The two estimate different quantities; `AnalysisOptions(pair_weight="prefix")` gives the
+#   definition's weighting (as importance weights on the uniformly drawn pairs).
+# - *Pooled queries.* Definition 4.1 takes the probability over queries *given the prefix*, i.e. given the
+#   document; the closed form estimates the query mean and variance per position bucket pooled over all
+#   documents. Document-to-document variation then counts as query randomness and raises plasticity.
+#
 # ## A basis where position sits on one coordinate
 #
 # Let $\beta \in \mathbb{R}^d$ hold the least-squares slopes of the query coordinates on position,
@@ -96,19 +109,32 @@
 # ```{prf:proposition} Gaussian closed form
 # :label: prop-gaussian-closed-form
 #
-# If $D \sim \mathcal N(\mu, v)$ with $v > 0$ ({prf:ref}`lemma-a1` in {doc}`06_theory` gives the conditions), then
+# If $D \sim \mathcal N(\mu, v)$ with $v > 0$, then
 #
 # $$
 # p = \Phi\!\left(\mu/\sqrt{v}\right), \qquad \mathrm{PP} = 4\,\Phi(z)\,\Phi(-z), \quad z = \mu/\sqrt{v}
 # \qquad \text{(eqs. 4.13-4.14)}.
 # $$
+#
+# Under assumptions A.1-A.2 ({doc}`06_theory`), {prf:ref}`lemma-a1` gives $D \sim \mathcal N(\mu, v_{\text{full}})$
+# with $v_{\text{full}} = \delta_1^2\sigma^2_{\text{pos}} + \delta_{2:d}^\top\Sigma_b\,\delta_{2:d}$. The $v$ of eq. 4.12
+# equals it only when $\delta_{2:d}^\top\big(\Sigma_b - \operatorname{diag}(\sigma_b^2)\big)\delta_{2:d} = 0$, in
+# particular when $\Sigma_b$ is **diagonal** in the rotated basis; that is the assumption under which
+# eqs. 4.12-4.14 follow from the lemma. Without it, the proposition holds with $v = v_{\text{full}}$
+# (`covariance="full"`).
 # ```
 #
 # ```{prf:proof}
 # $q^\top k_i > q^\top k_j$ is the event $D > 0$. With $Z = (D - \mu)/\sqrt{v}$ standard normal,
 # $\Pr[D > 0] = \Pr[Z > -z] = 1 - \Phi(-z) = \Phi(z)$ by the symmetry of $\Phi$. Then
-# $\mathrm{PP} = 4p(1-p) = 4\Phi(z)(1 - \Phi(z)) = 4\Phi(z)\Phi(-z)$.
+# $\mathrm{PP} = 4p(1-p) = 4\Phi(z)(1 - \Phi(z)) = 4\Phi(z)\Phi(-z)$. For the second part, $v_{\text{full}} - v =
+# \delta_{2:d}^\top\Sigma_b\delta_{2:d} - \sum_m \Sigma_{b,mm}\delta_m^2 = \sum_{m \ne n}\Sigma_{b,mn}\delta_m\delta_n$, which
+# vanishes for every $\delta$ exactly when $\Sigma_b$ is diagonal.
 # ```
+#
+# The thesis itself is inconsistent here: its statement of Lemma A.1 gives the diagonal variance of
+# eq. 4.12, while its proof computes $\delta_{2:d}^\top\Sigma_b\delta_{2:d}$. The diagonal is also basis-dependent
+# (coordinates $2..d$ are fixed only up to a rotation); {doc}`07_corrections` measures both effects.
 #
 # The product form matters: with $p = \Phi(z)$ rounded to 1 for $z \gtrsim 8.3$, $4p(1-p)$ returns 0
 # where $4\Phi(z)\Phi(-z)$ keeps full relative precision (and $\Phi$ itself is taken from `erfc`, since
@@ -119,11 +145,15 @@
 # weights buckets by their width, $\mathrm{AP}_{\text{first }20\%}$ and $\mathrm{AP}_{\text{last }20\%}$ average the
 # buckets whose $\tau_q$ lies in the first and last fifth of the window, and
 # $\mathrm{AP}_{\text{drop}}$ is their difference. Each of these choices is an option of
-# `qkplast.AnalysisOptions`; the defaults follow the thesis text.
+# `qkplast.AnalysisOptions`; the defaults follow the thesis text. Note that the two edges need not average
+# the same number of buckets: bucket 0 has no earlier keys, so the first fifth loses one bucket (the counts
+# for this run are printed in {ref}`sec-departures`), and its average is the noisier of the two.
 #
 # **A check without the Gaussian assumption.** For the same pairs, `ap_mc` counts the share $\hat p$ of
 # the bucket's captured queries that prefer $k_i$ and reports $4\hat p(1-\hat p)\,n/(n-1)$, the unbiased
-# estimate of $4p(1-p)$ from $n$ queries.
+# estimate of $4p(1-p)$ from $n$ queries. Its Monte Carlo standard error over the pair draw is `ap_mc_se`
+# (the pairs of one bucket share its queries, so the part of the error due to the finite set of queries is
+# not in it).
 
 # %% tags=["parameters"]
 model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
@@ -139,13 +169,20 @@ device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
 dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
 analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
+example_head = 0  # position along `head` of the head whose first pair is computed by hand
 
 # %%
+import warnings
+
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 
+import qkplast
 import qkplast.plots as qp
+from qkplast import results
 from qkplast.batch import load_or_analyze, load_or_capture
+from qkplast.plasticity import PlasticityWarning, pair_statistics, plasticity, sample_key_pairs
 
 capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
                           samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype, rope_scaling=rope_scaling)
@@ -153,6 +190,50 @@ metrics, notes = load_or_analyze(run_dir, capture, seed=seed, **analysis)
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}")
 for note in notes:
     print("note:", note)
+
+# %% [markdown]
+# ## One pair by hand
+#
+# Every step of the closed form for one key pair of one head, from the raw captured vectors with plain
+# numpy, beside the value the library computes (thesis defaults; the pair is the first one the library
+# drew for the last query bucket). The two must agree to rounding.
+
+# %%
+h = example_head
+ps = pair_statistics(capture, heads=[h], seed=seed)  # the library's terms, thesis defaults
+b = int(ps.query_bucket[-1])  # the last query bucket
+pairs = sample_key_pairs(capture, qkplast.AnalysisOptions(seed=seed))  # the same pairs the library drew
+i, j = int(pairs.i[b, 0]), int(pairs.j[b, 0])  # its first key pair: two sample indices
+
+Q, K = capture.q.values[h].astype(float), capture.k.values[h].astype(float)  # [sample, dim] raw vectors
+t = capture.position.values.astype(float)
+tc = t - t.mean()
+beta = (Q - Q.mean(0)).T @ tc / (tc @ tc)  # [dim] slopes of the query coordinates on position
+u = beta / np.linalg.norm(beta) - np.eye(len(beta))[0]
+H = np.eye(len(beta)) - 2 * np.outer(u, u) / (u @ u)  # Householder: H beta_hat = e_1 (eq. 4.10)
+Qr, Kr = Q @ H, K @ H  # rotated coordinates (H is symmetric)
+beta_pos = (Qr[:, 0] - Qr[:, 0].mean()) @ tc / (tc @ tc)  # coordinate 1: global linear fit in position
+alpha_pos = Qr[:, 0].mean() - beta_pos * t.mean()
+sigma2_pos = ((Qr[:, 0] - alpha_pos - beta_pos * t) ** 2).sum() / (len(t) - 2)
+in_b = capture.bucket.values == b
+mu_b, var_b = Qr[in_b].mean(0), Qr[in_b].var(0, ddof=1)  # the bucket's semantic mean and variances
+tau = float(ps.tau.sel(query_bucket=b))  # the bucket's midpoint
+delta = Kr[i] - Kr[j]
+mu = delta[0] * (alpha_pos + beta_pos * tau) + delta[1:] @ mu_b[1:]  # eq. 4.11
+v = delta[0] ** 2 * sigma2_pos + (delta[1:] ** 2 * var_b[1:]).sum()  # eq. 4.12 (diagonal)
+z = mu / np.sqrt(v)
+pp = 4 * norm.cdf(z) * norm.cdf(-z)  # eq. 4.14
+
+lib = ps.isel(head=0).sel(query_bucket=b).isel(pair=0)
+assert np.abs((H @ beta)[1:]).max() < 1e-12 * np.linalg.norm(beta), "coordinates 2..d carry no query drift"
+hand = pd.DataFrame({"by hand": [delta[0], mu, v, z, pp],
+                     "qkplast": [float(lib.delta1), float(lib.mu), float(lib.v_diag),
+                                 float(lib.mu / np.sqrt(lib.v_diag)), float(lib.pp)]},
+                    index=["delta_1", "mu", "v", "z", "PP"])
+assert np.allclose(hand["by hand"], hand["qkplast"], rtol=1e-9, atol=0)
+print(f"head {h} (layer {int(capture.layer[h])}, q_head {int(capture.q_head[h])}), query bucket {b} (tau = {tau:g}), "
+      f"keys at positions {t[i]:.0f} and {t[j]:.0f} of document {str(capture.doc.values[i])!r}")
+hand
 
 # %% [markdown]
 # ## The plasticity profile
@@ -163,6 +244,9 @@ for note in notes:
 profile = pd.DataFrame({
     "tau": metrics.tau.values, "queries": metrics.n_queries.values, "pairs": metrics.n_pairs.values,
     "AP closed form": metrics.ap.mean("head").values, "AP Monte Carlo": metrics.ap_mc.mean("head").values,
+    # a head's pair-draw standard error, averaged over heads (all heads share one pair draw, so these errors
+    # are correlated across heads and do not shrink with their number)
+    "MC s.e. per head": metrics.ap_mc_se.mean("head").values,
 }).set_index("tau").round(3)
 profile
 
@@ -214,3 +298,46 @@ diff = (metrics.ap - metrics.ap_mc).values
 print(f"mean |closed form - Monte Carlo| over heads and buckets: {np.nanmean(np.abs(diff)):.3f}; "
       f"correlation {pd.Series(metrics.ap.values.ravel()).corr(pd.Series(metrics.ap_mc.values.ravel())):.3f}")
 fig = qp.closed_vs_monte_carlo(metrics)
+
+# %% [markdown]
+# (sec-departures)=
+# ## Where the estimator departs from the definitions
+#
+# **Edges of unequal size.** Which query buckets the first and last fifth average under this run's options
+# (bucket 0 has no earlier keys, so it never counts):
+
+# %%
+edges = results.edge_buckets(metrics)
+edges
+
+# %% [markdown]
+# **Pair weighting** (Definition 4.3 against the estimator of 4.4.5). The same pairs, averaged with
+# Definition 4.3's weights $1/(j-1) - 1/(t-1)$ instead of uniformly:
+
+# %%
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 again: the note at the top says so
+    prefix = plasticity(capture, seed=seed, **{**analysis, "pair_weight": "prefix"})
+names = ["ap_overall", "ap_first20", "ap_last20", "ap_drop"]
+weighting = pd.DataFrame({"uniform (estimator, 4.4.5)": [float(metrics[n].mean()) for n in names],
+                          "prefix (Definition 4.3)": [float(prefix[n].mean()) for n in names]}, index=names)
+weighting["difference"] = weighting.iloc[:, 1] - weighting.iloc[:, 0]
+weighting.round(4)
+
+# %% [markdown]
+# **Pooled against within-document query statistics** (Definition 4.1 conditions on the prefix):
+
+# %%
+from qkplast.pooling import within_document_ap
+
+pool = within_document_ap(capture, seed=seed, **{k: v for k, v in analysis.items() if k != "semantic_stats"})
+pooling = pd.DataFrame({"pooled over documents (estimator)": [float(pool[f"{n}_pooled"].mean()) for n in names],
+                        "within documents (Definition 4.1)": [float(pool[f"{n}_within"].mean()) for n in names]},
+                       index=names)
+pooling["difference"] = pooling.iloc[:, 1] - pooling.iloc[:, 0]
+share = float(np.nanmedian(pool.within_variance_share))
+print(f"within-document share of the pooled semantic variance: median {share:.2f} over (head, bucket); "
+      f"pooling {'raises' if float(np.nanmean(pool.pooling_excess)) > 0 else 'lowers'} plasticity by "
+      f"{abs(float(np.nanmean(pool.pooling_excess))):.4f} on average over heads and buckets "
+      f"({pool.attrs['method']})")
+pooling.round(4)
