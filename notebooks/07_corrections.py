@@ -46,7 +46,7 @@ dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
 analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 check_heads = 60  # heads used for the basis check (it runs the analysis four times)
-n_null = 1000  # permutation replicates of every null on this page
+n_null = 200  # permutation replicates of every null on this page (the smallest p-value is 1/201)
 n_boot = 1000  # bootstrap replicates over documents for the intervals quoted here
 
 # %%
@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 from transformers import MllamaTextConfig
 
-from qkplast import reference, results, theory  # NULLS_IMPORT
+from qkplast import nulls, reference, results, theory
 from qkplast.batch import load_or_analyze, load_or_bootstrap, load_or_capture
 from qkplast.plasticity import PlasticityWarning, pair_statistics, plasticity
 
@@ -94,7 +94,16 @@ basis.map(lambda v: f"{v:.3g}" if abs(v) > 1e-12 else "< 1e-12")
 # 5-95% range of $\log(v_{\text{diag}}/v_{\text{full}})$.
 
 # %%
-# NULL_ITEM_1
+r1 = nulls.diagonal_null(capture, n_perm=n_null, seed=seed)
+obs, nul = r1.observed, r1.null_median
+v = results.null_verdict(float(obs.sel(summary="spread")), r1.null.sel(summary="spread").values,
+                         null_name="within-bucket permutation of each coordinate")
+verdicts["1. semantic coordinates correlated within a bucket"] = v["word"]
+print(f"v_diag / v_full: observed median {float(obs.sel(summary='median')):.2f}, 5-95% {float(obs.sel(summary='q05')):.2f}-"
+      f"{float(obs.sel(summary='q95')):.2f}; under the null median {float(nul.sel(summary='median')):.2f}, 5-95% "
+      f"{float(nul.sel(summary='q05')):.2f}-{float(nul.sel(summary='q95')):.2f} ({r1.attrs['pairs_per_bucket']} pairs per bucket)")
+print(f"spread statistic {r1.attrs['spread_statistic']}: {v['text']}")
+nulls.null_table({"v_diag / v_full": r1})
 
 # %% [markdown]
 # How much the default (diagonal) analysis differs from the full-covariance one on this model:
@@ -118,7 +127,16 @@ pd.DataFrame({"diagonal (eq. 4.12)": [float(metrics[n].mean()) for n in names],
 # at random (keeping the bucket sizes), which removes any true dependence on the bucket.
 
 # %%
-# NULL_ITEM_2
+r2 = nulls.bucket_shuffle_null(capture, n_perm=n_null, seed=seed)
+obs, nul = r2.observed, r2.null_median
+v = results.null_verdict(float(obs.sel(summary="spread")), r2.null.sel(summary="spread").values,
+                         null_name="bucket labels shuffled within documents")
+verdicts["2. v depends on the query bucket"] = v["word"]
+print(f"per head, median of max_b v / min_b v: observed median {float(obs.sel(summary='median')):.2f}, 5-95% {float(obs.sel(summary='q05')):.2f}-"
+      f"{float(obs.sel(summary='q95')):.2f}; under the null median {float(nul.sel(summary='median')):.2f}, 5-95% "
+      f"{float(nul.sel(summary='q05')):.2f}-{float(nul.sel(summary='q95')):.2f} ({r2.attrs['pairs_per_bucket']} pairs per bucket)")
+print(f"spread statistic {r2.attrs['spread_statistic']}: {v['text']}")
+nulls.null_table({"per head, median of max_b v / min_b v": r2})
 
 # %% [markdown]
 # Within a bucket the argument holds as stated; across buckets the theorem needs a bound on
@@ -137,7 +155,16 @@ pd.DataFrame({"diagonal (eq. 4.12)": [float(metrics[n].mean()) for n in names],
 # 5-95% range of the log ratio.
 
 # %%
-# NULL_ITEM_3
+r3 = nulls.independence_null(capture, n_perm=n_null, seed=seed)
+obs, nul = r3.observed, r3.null_median
+v = results.null_verdict(float(obs.sel(summary="spread")), r3.null.sel(summary="spread").values,
+                         null_name="coordinate 1 permuted within buckets")
+verdicts["3. positional residual depends on the semantic coordinates"] = v["word"]
+print(f"v_joint / v_indep: observed median {float(obs.sel(summary='median')):.2f}, 5-95% {float(obs.sel(summary='q05')):.2f}-"
+      f"{float(obs.sel(summary='q95')):.2f}; under the null median {float(nul.sel(summary='median')):.2f}, 5-95% "
+      f"{float(nul.sel(summary='q05')):.2f}-{float(nul.sel(summary='q95')):.2f} ({r3.attrs['pairs_per_bucket']} pairs per bucket)")
+print(f"spread statistic {r3.attrs['spread_statistic']}: {v['text']}")
+nulls.null_table({"v_joint / v_indep": r3})
 
 # %% [markdown]
 # ## 4. $\delta_1$ is a real-valued coordinate difference, not a bucket difference
@@ -277,10 +304,25 @@ weighting.round(4)
 #
 # The probability in Definition 4.1 is over queries given the prefix, i.e. within one document; the closed
 # form pools each bucket's queries over all documents, so document-to-document variation counts as query
-# randomness and raises plasticity. The same statistics computed within each document:
+# randomness and raises plasticity. The same statistics computed within each document
+# (`qkplast.pooling.within_document_ap`; means, keys and pairs unchanged, so the difference is the pooling
+# alone). This is a size, not a test: no null is run here, and with a few queries per (document, bucket)
+# cell the within-document variances are themselves noisy.
 
 # %%
-# WITHIN_DOCUMENT_ITEM_12
+from qkplast.pooling import within_document_ap
+
+pool = within_document_ap(capture, seed=seed)
+pooling = pd.DataFrame({"pooled over documents (estimator)": [float(pool[f"{n}_pooled"].mean()) for n in names],
+                        "within documents (Definition 4.1)": [float(pool[f"{n}_within"].mean()) for n in names]},
+                       index=names)
+pooling["difference"] = pooling.iloc[:, 1] - pooling.iloc[:, 0]
+share_w = float(np.nanmedian(pool.within_variance_share))
+print(f"within-document share of the pooled semantic variance: median {share_w:.2f} over (head, bucket); "
+      f"pooling {'raises' if float(np.nanmean(pool.pooling_excess)) > 0 else 'lowers'} plasticity by "
+      f"{abs(float(np.nanmean(pool.pooling_excess))):.4f} on average over heads and buckets "
+      f"({pool.attrs['method']})")
+pooling.round(4)
 
 # %% [markdown]
 # ## 13. Table A.1 reports plasticity where the method has none
