@@ -123,8 +123,9 @@ pd.DataFrame({"diagonal (eq. 4.12)": [float(metrics[n].mean()) for n in names],
 # query's bucket $b$, so both can jump from bucket to bucket. Holding the key pairs of the last bucket fixed
 # and evaluating their $v$ with each bucket's statistics gives, per head, the median over pairs of
 # $\max_b v/\min_b v$. Even with no real bucket dependence this ratio exceeds 1, because each bucket's
-# statistics come from a few dozen queries; the **cross-bucket shuffle null** reassigns the queries to buckets
-# at random (keeping the bucket sizes), which removes any true dependence on the bucket.
+# statistics come from a few dozen queries; the **cross-bucket shuffle null** permutes the bucket labels among
+# the samples of each document (keeping every document's bucket counts), which removes any true dependence on
+# the bucket. The statistic is the median over heads.
 
 # %%
 r2 = nulls.bucket_shuffle_null(capture, n_perm=n_null, seed=seed)
