@@ -264,6 +264,7 @@ def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Da
                          "bias_strength plain": float(p.bias_strength[i]),
                          "bias_strength clamped": float(m.bias_strength[i]),
                          "residual |bias| ratio": abs(float(m.bias_strength[i])) / abs(float(full.bias_strength[i])),
+                         "ratio to plain, same docs": abs(float(m.bias_strength[i])) / abs(float(p.bias_strength[i])),
                          "ap_last20 plain": float(p.ap_last20[i]), "ap_last20 clamped": float(m.ap_last20[i]),
                          "ap_drop plain": float(p.ap_drop[i]), "ap_drop clamped": float(m.ap_drop[i])})
     profiles = xr.concat([analysed[c]["ap"] for c in ("plain", *modes)], dim="condition").assign_coords(
@@ -350,3 +351,23 @@ def plot_clamp_geometry(table: pd.DataFrame, profiles: xr.Dataset):
            title="plasticity profile, re-captured")
     a2.legend(fontsize=8)
     return fig
+
+
+def baseline_table(grid: xr.Dataset, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """Copy accuracy and NLL by distance without intervention, with percentile bootstrap intervals over windows."""
+    base = grid.sel(condition=grid.kind == "none").isel(condition=0)
+    out = {}
+    for var in ("acc", "nll"):
+        v = base[var].transpose("distance", "window").values  # [distance, window]
+        est, lo, hi = _interval(v.mean(-1), paired_bootstrap(v, n_boot, seed), level)
+        out[var], out[f"{var} lo"], out[f"{var} hi"] = est, lo, hi
+    return pd.DataFrame(out, index=pd.Index(grid.distance.values, name="distance"))
+
+
+def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=None):
+    """Load a model for the interventions with transformers' progress bars silenced (deterministic notebook output)."""
+    from .batch import _quiet
+    from .models import load_model
+
+    with _quiet():
+        return load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling)
