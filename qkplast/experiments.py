@@ -11,6 +11,7 @@ window, and the bootstrap resamples windows (the independent unit).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ import xarray as xr
 
 from .behavior import copy_by_distance
 from .intervene import ablate_heads, clamp_bias, select_heads
+from .plasticity import PlasticityWarning
 
 __all__ = ["Condition", "conditions", "run_grid", "paired_bootstrap", "effect_table", "random_null",
            "readings", "clamp_geometry", "plot_copy_by_distance", "plot_effects", "plot_clamp_geometry"]
@@ -82,18 +84,29 @@ def run_grid(model, tokenizer, corpus, metrics: xr.Dataset, *, ks: Sequence[int]
                    ablate_by=ABLATE_BY, clamp_by=f"|{CLAMP_BY}|")
 
 
-def paired_bootstrap(values: np.ndarray, n_boot: int = 2000, seed: int = 0) -> np.ndarray:
+def paired_bootstrap(values: np.ndarray, n_boot: int = 2000, seed: int = 0, *, draws: bool = False) -> np.ndarray:
     """Bootstrap means over the last axis (windows) of ``values`` ``[..., window]``: ``[n_boot, ...]``.
 
-    One index matrix ``[n_boot, window]`` is drawn and applied to every row, so
-    differences between rows stay paired by window; the resampling is one
-    gather and one mean, in float64 (torch, so it runs on a GPU unchanged).
+    One index matrix ``[n_boot, window]`` is drawn first from a generator
+    seeded with ``seed`` and applied to every row, so two calls with the same
+    seed and window count resample the same windows: differences stay paired
+    by window. With ``draws=True`` the axis before the windows holds random
+    draws (``[..., draw, window]``), resampled too (two-level bootstrap), so an
+    interval for a random-head condition includes the spread between draws.
+    The resampling is one gather and one mean in float64 (torch, so it runs on
+    a GPU unchanged).
     """
-    v = torch.as_tensor(np.asarray(values, dtype=np.float64))  # [..., window]
+    v = torch.as_tensor(np.array(values, dtype=np.float64))  # [..., (draw,) window]
     n = v.shape[-1]
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, n, (n_boot, n), generator=g)  # [boot, window]
-    return v[..., idx].mean(-1).movedim(-1, 0).numpy()  # [boot, ...]
+    if not draws:
+        return v[..., idx].mean(-1).movedim(-1, 0).numpy()  # [boot, ...]
+    n_draw = v.shape[-2]
+    didx = torch.randint(0, n_draw, (n_boot, n_draw), generator=g)  # [boot, draw]
+    per_draw = v[..., idx].mean(-1)  # [..., draw, boot]
+    picked = per_draw.gather(-2, didx.T.expand(*per_draw.shape[:-2], n_draw, n_boot))  # [..., draw, boot]
+    return picked.mean(-2).movedim(-1, 0).numpy()  # [boot, ...]
 
 
 def _interval(est, reps, level):
@@ -108,7 +121,8 @@ def effect_table(grid: xr.Dataset, var: str = "acc", n_boot: int = 2000, level: 
     Columns per row (kind, k): the effect averaged over distances (``mean``),
     at the nearest and farthest distance (``near``, ``far``) and
     ``far - near`` (does the effect grow with distance?). Random draws are
-    averaged over draws first (the random-head null's mean).
+    averaged over draws, and their intervals resample draws as well as
+    windows (see :func:`paired_bootstrap`).
     """
     base = grid[var].sel(condition=grid.kind == "none").isel(condition=0)  # [window, distance]
     rows = []
@@ -116,11 +130,11 @@ def effect_table(grid: xr.Dataset, var: str = "acc", n_boot: int = 2000, level: 
                   key=lambda x: (x[1], x[0]))
     for kind, k in keys:
         sel = (grid.kind == kind) & (grid.k == k)
-        eff = (grid[var].sel(condition=sel) - base).mean("condition")  # [window, distance]
+        eff = grid[var].sel(condition=sel) - base  # [draw, window, distance]
         stats = np.stack([eff.mean("distance"), eff.isel(distance=0), eff.isel(distance=-1),
-                          eff.isel(distance=-1) - eff.isel(distance=0)])  # [stat, window]
-        reps = paired_bootstrap(stats, n_boot, seed)  # [boot, stat]
-        est, lo, hi = _interval(stats.mean(-1), reps, level)
+                          eff.isel(distance=-1) - eff.isel(distance=0)])  # [stat, draw, window]
+        reps = paired_bootstrap(stats, n_boot, seed, draws=True)  # [boot, stat]
+        est, lo, hi = _interval(stats.mean((-2, -1)), reps, level)
         for name, e, l_, h_ in zip(("mean", "near", "far", "far - near"), est, lo, hi):
             rows.append({"kind": kind, "k": k, "effect": name, "estimate": e, "lo": l_, "hi": h_})
     out = pd.DataFrame(rows)
@@ -152,13 +166,15 @@ def random_null(grid: xr.Dataset, var: str = "acc") -> pd.DataFrame:
 
 def contrast(grid: xr.Dataset, a: str, b: str, k: int, var: str = "acc", n_boot: int = 2000, level: float = 0.95,
              seed: int = 0) -> tuple[float, float, float]:
-    """Mean ``var`` under kind ``a`` minus under kind ``b`` (random: mean over draws), paired bootstrap interval."""
+    """Mean ``var`` under kind ``a`` minus under kind ``b`` (random: mean over draws), two-level bootstrap interval."""
     def cond(kind):
-        return grid[var].sel(condition=(grid.kind == kind) & (grid.k == k)).mean("condition").mean("distance")
+        return grid[var].sel(condition=(grid.kind == kind) & (grid.k == k)).mean("distance").values  # [draw, window]
 
-    diff = (cond(a) - cond(b)).values  # [window]
-    reps = paired_bootstrap(diff[None], n_boot, seed)[:, 0]
-    return _interval(float(diff.mean()), reps, level)
+    va, vb = cond(a), cond(b)
+    # Same seed and window count: both replicates resample the same windows (paired); draws are resampled within
+    # the random condition, so the interval carries the spread between random head sets.
+    reps = paired_bootstrap(va, n_boot, seed, draws=True) - paired_bootstrap(vb, n_boot, seed, draws=True)
+    return _interval(float(va.mean() - vb.mean()), reps, level)
 
 
 def _verdict(lo: float, hi: float, sign: int) -> str:
@@ -250,9 +266,12 @@ def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Da
     doc_ids = np.unique(next(iter(results.values())).doc.values)
     plain = capture.isel(sample=np.isin(capture.doc.values, doc_ids))
     plain.attrs = dict(capture.attrs, n_docs=len(doc_ids))
-    analysed = {"plain": analyze(plain.isel(head=rows_of(plain)), **analysis)}
-    for mode, again in results.items():
-        analysed[mode] = analyze(again.isel(head=rows_of(again)), **analysis)
+    with warnings.catch_warnings():
+        # The first bucket has no earlier keys: the run's own analysis already reports that once.
+        warnings.simplefilter("ignore", PlasticityWarning)
+        analysed = {"plain": analyze(plain.isel(head=rows_of(plain)), **analysis)}
+        for mode, again in results.items():
+            analysed[mode] = analyze(again.isel(head=rows_of(again)), **analysis)
     full = metrics.isel(head=rows_of(metrics))
     rows = []
     p = analysed["plain"]
@@ -315,9 +334,10 @@ def plot_effects(effects: pd.DataFrame, stat: str = "mean"):
     fig, (ax,) = _fig(height=3.6)
     e = effects[effects.effect == stat].reset_index(drop=True)
     y = np.arange(len(e))
-    colors = [STYLE[kd][0] if kd != "random" else "0.4" for kd in e.kind]
-    ax.errorbar(e.estimate, y, xerr=[e.estimate - e.lo, e.hi - e.estimate], fmt="none", ecolor=colors, capsize=3)
-    ax.scatter(e.estimate, y, c=colors, zorder=3)
+    for yi, row in zip(y, e.itertuples()):
+        color = STYLE[row.kind][0] if row.kind != "random" else "0.4"
+        ax.errorbar(row.estimate, yi, xerr=[[row.estimate - row.lo], [row.hi - row.estimate]], fmt="o", color=color,
+                    capsize=3)
     ax.axvline(0, color="k", lw=0.8)
     ax.set_yticks(y, [f"{kd}, k={k}" for kd, k in zip(e.kind, e.k)])
     ax.invert_yaxis()
@@ -371,3 +391,55 @@ def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=N
 
     with _quiet():
         return load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling)
+
+
+# --------------------------------------------------------------------------- caching in the run directory
+
+
+def _cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
+    """``RUN/STEM-<hash of key>.nc`` if it exists, else ``compute()`` saved there (so a re-execution is cheap)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from .io import open_dataset, save_dataset
+
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    path = Path(run_dir) / f"{stem}-{digest}.nc"
+    if path.exists():
+        return open_dataset(path)
+    ds = compute()
+    ds.attrs["key"] = json.dumps(key, sort_keys=True, default=str)
+    save_dataset(ds, path, overwrite=True)
+    return ds
+
+
+def _metrics_key(metrics: xr.Dataset) -> dict:
+    cap = metrics.attrs.get("capture", {})
+    return {"model": cap.get("model"), "model_info": cap.get("model_info"), "seq_len": cap.get("seq_len"),
+            "n_docs": cap.get("n_docs"), "seed": cap.get("seed"), "options": metrics.attrs.get("options")}
+
+
+def load_or_run_grid(run_dir, model, tokenizer, corpus, metrics: xr.Dataset, **params) -> xr.Dataset:
+    """:func:`run_grid`, cached in ``run_dir`` under a hash of the metrics' provenance and ``params``."""
+    key = {"metrics": _metrics_key(metrics), "grid": params}
+    return _cached(run_dir, "interventions", key, lambda: run_grid(model, tokenizer, corpus, metrics, **params))
+
+
+def load_or_clamp_geometry(run_dir, model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, heads,
+                           **params) -> tuple[pd.DataFrame, xr.Dataset]:
+    """:func:`clamp_geometry`, cached in ``run_dir`` like :func:`load_or_run_grid`."""
+    key = {"metrics": _metrics_key(metrics), "heads": [list(h) for h in heads], "geometry": params}
+
+    def compute():
+        table, profiles = clamp_geometry(model, tokenizer, corpus, capture, metrics, heads, **params)
+        ds = profiles.copy()
+        for i, col in enumerate(table.columns):
+            ds[f"table_{i}"] = ("row", table[col].to_numpy())
+        ds.attrs["table_columns"] = list(table.columns)
+        return ds
+
+    ds = _cached(run_dir, "clamp-geometry", key, compute)
+    cols = ds.attrs["table_columns"]
+    table = pd.DataFrame({c: ds[f"table_{i}"].values for i, c in enumerate(cols)})
+    return table, ds[["ap"]]

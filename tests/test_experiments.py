@@ -31,6 +31,18 @@ def test_paired_bootstrap_is_the_mean_of_resampled_windows():
     np.testing.assert_allclose(diff, reps[:, 0] - reps[:, 1])
 
 
+def test_two_level_bootstrap_resamples_draws_and_windows():
+    values = np.random.default_rng(1).normal(size=(4, 6))  # [draw, window]
+    reps = qx.paired_bootstrap(values, n_boot=30, seed=2, draws=True)
+    g = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, 6, (30, 6), generator=g).numpy()
+    didx = torch.randint(0, 4, (30, 4), generator=g).numpy()
+    want = [values[didx[r]][:, idx[r]].mean() for r in range(30)]
+    np.testing.assert_allclose(reps, want)
+    same = np.broadcast_to(values[0], (4, 6))  # identical draws: the same as resampling windows only
+    np.testing.assert_allclose(qx.paired_bootstrap(same, 30, 2, draws=True), qx.paired_bootstrap(values[0], 30, 2))
+
+
 def test_verdicts_follow_the_interval():
     assert qx._verdict(-0.3, -0.1, -1) == "supported"
     assert qx._verdict(0.1, 0.3, -1) == "contradicted"
