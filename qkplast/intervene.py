@@ -86,8 +86,9 @@ class HeadLayout:
         self.n_kv_heads = int(config.num_key_value_heads)
         self.modules = {}
         for module in text_decoder(model).modules():
-            if hasattr(module, "o_proj") and hasattr(module, "layer_idx") and not getattr(module, "is_cross_attention",
-                                                                                          False):
+            # Cross-attention layers (Mllama) read image states, never the text: they are not heads to intervene on.
+            cross = "CrossAttention" in type(module).__name__
+            if hasattr(module, "o_proj") and hasattr(module, "layer_idx") and not cross:
                 self.modules[int(module.layer_idx)] = module
         if not self.modules:
             raise InterventionError(
@@ -110,9 +111,10 @@ class HeadLayout:
             except (TypeError, ValueError):
                 raise InterventionError(f"heads must be (layer, q_head) pairs of integers, got {item!r}") from None
             if layer not in self.modules:
-                raise InterventionError(
-                    f"unknown layer {layer}: the model has self-attention layers 0..{self.n_layers - 1}; "
-                    "fix the head list")
+                layers = sorted(self.modules)
+                span = f"0..{layers[-1]}" if layers == list(range(len(layers))) else str(layers)
+                raise InterventionError(f"unknown layer {layer}: the model's self-attention layers are {span}; "
+                                        "fix the head list")
             if not 0 <= q_head < self.n_q_heads:
                 raise InterventionError(
                     f"unknown query head {q_head} in layer {layer}: the model has query heads 0..{self.n_q_heads - 1}; "
