@@ -194,6 +194,14 @@ for row in verdicts.itertuples():
 #   distance, but not the retrieval of meaningful content that benchmarks test.
 #   `qkplast.behavior.passkey_by_depth` (prompted passkey retrieval) and `loss_by_position` (per-position
 #   next-token loss) measure two others with the same interventions.
+# * **Which property of the heads matters.** The targeted sets are chosen by one metric but differ from
+#   random sets in other ways too: the heads listed above with the lowest $\mathrm{AP}_{\text{last}20}$ sit
+#   mostly in the first layers, and the highest include the heads that do the copying. An ablation that
+#   beats the random null shows that *these heads* matter, not that their plasticity is why; a null
+#   matched by layer would separate the two and is not run here.
+# * **Few random draws.** The null holds `n_random` draws per $k$; the intervals of the random conditions
+#   resample them, and with so few they are wide (at $k=20$ one random set can leave copying intact and
+#   another destroy it).
 # * **Zero ablation is off-distribution.** `ablate_heads(..., mode="mean", reference=windows)` replaces a
 #   head's output by its mean instead; a difference between the two says how much of an effect is the
 #   shock of a zero.
