@@ -24,7 +24,8 @@ from .intervene import ablate_heads, clamp_bias, select_heads
 from .plasticity import PlasticityWarning
 
 __all__ = ["Condition", "conditions", "run_grid", "paired_bootstrap", "effect_table", "random_null",
-           "readings", "clamp_geometry", "plot_copy_by_distance", "plot_effects", "plot_clamp_geometry"]
+           "readings", "clamp_geometry", "plot_copy_by_distance", "plot_effects", "plot_clamp_geometry", "contrast",
+           "baseline_table", "load", "load_or_run_grid", "load_or_clamp_geometry"]
 
 CLAMP_BY = "bias_strength"
 ABLATE_BY = "ap_last20"

@@ -59,6 +59,7 @@ __all__ = [
     "head_mean_outputs",
     "clamp_bias",
     "select_heads",
+    "composed",
 ]
 
 ABLATION_MODES = ("zero", "mean")
