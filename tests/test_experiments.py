@@ -1,0 +1,78 @@
+"""The intervention grid: conditions, paired bootstrap, effect table and verdicts, on a tiny model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_capture import tiny_model, tiny_tokenizer
+
+import qkplast.experiments as qx
+from qkplast.analyze import analyze
+from qkplast.capture import capture
+from qkplast.corpus import Document
+
+
+def _docs():
+    from pydoc_data.topics import topics
+
+    return [Document(name, topics[name]) for name in ("assert", "for", "if", "while", "try", "with")]
+
+
+def test_paired_bootstrap_is_the_mean_of_resampled_windows():
+    values = np.random.default_rng(0).normal(size=(3, 7))  # [row, window]
+    reps = qx.paired_bootstrap(values, n_boot=50, seed=4)
+    assert reps.shape == (50, 3)
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, 7, (50, 7), generator=g).numpy()
+    np.testing.assert_allclose(reps, values[:, idx].mean(-1).T)
+    # pairing: the difference of two rows' replicates is the replicate of their difference
+    diff = qx.paired_bootstrap(values[0] - values[1], n_boot=50, seed=4)
+    np.testing.assert_allclose(diff, reps[:, 0] - reps[:, 1])
+
+
+def test_two_level_bootstrap_resamples_draws_and_windows():
+    values = np.random.default_rng(1).normal(size=(4, 6))  # [draw, window]
+    reps = qx.paired_bootstrap(values, n_boot=30, seed=2, draws=True)
+    g = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, 6, (30, 6), generator=g).numpy()
+    didx = torch.randint(0, 4, (30, 4), generator=g).numpy()
+    want = [values[didx[r]][:, idx[r]].mean() for r in range(30)]
+    np.testing.assert_allclose(reps, want)
+    same = np.broadcast_to(values[0], (4, 6))  # identical draws: the same as resampling windows only
+    np.testing.assert_allclose(qx.paired_bootstrap(same, 30, 2, draws=True), qx.paired_bootstrap(values[0], 30, 2))
+
+
+def test_verdicts_follow_the_interval():
+    assert qx._verdict(-0.3, -0.1, -1) == "supported"
+    assert qx._verdict(0.1, 0.3, -1) == "contradicted"
+    assert qx._verdict(-0.1, 0.2, -1) == "left open"
+
+
+@pytest.mark.integration
+def test_grid_end_to_end_on_a_tiny_model():
+    torch.manual_seed(1)
+    model, tok = tiny_model("llama"), tiny_tokenizer()
+    cap = capture(model, tok, _docs(), seq_len=64, bucket_size=8, samples_per_bucket=4, heads=None, docs=4,
+                  progress=False)
+    metrics = analyze(cap, n_pairs=32)
+    grid = qx.run_grid(model, tok, _docs(), metrics, ks=[2], n_random=3, distances=[8, 24], windows=3, seq_len=64,
+                       seg_len=6)
+    assert grid.acc.dims == ("condition", "window", "distance")
+    assert list(grid.kind.values) == ["none", "lowest", "random", "random", "random", "highest", "clamp query",
+                                      "clamp key"]
+    assert len(set(grid.heads.values[2:5])) == 3  # three distinct random draws
+    ap = {(int(a), int(b)): v for a, b, v in zip(metrics.layer.values, metrics.q_head.values, metrics.ap_last20.values)}
+    low = [tuple(map(int, h.split("."))) for h in str(grid.heads.values[1]).split()]
+    assert max(ap[h] for h in low) <= np.nanmin([v for h, v in ap.items() if h not in low])
+    eff = qx.effect_table(grid, n_boot=200)
+    row = eff[(eff.kind == "lowest") & (eff.effect == "mean")].iloc[0]
+    want = float((grid.acc.isel(condition=1) - grid.acc.isel(condition=0)).mean())
+    assert row.estimate == pytest.approx(want) and row.lo <= row.estimate <= row.hi
+    table = qx.readings(grid, n_boot=200)
+    assert set(table.verdict) <= {"supported", "contradicted", "left open"} and len(table) == 5
+    # re-captured on the metrics' own documents, the heads of the first clamped layer lose their bias exactly
+    geometry, profiles = qx.clamp_geometry(model, tok, _docs(), cap, metrics, low, docs=4, analysis={"n_pairs": 32})
+    first = geometry.layer == geometry.layer.min()
+    assert (geometry["residual |bias| ratio"][first] < 0.05).all(), geometry
+    assert profiles.ap.dims[:2] == ("condition", "head") and list(profiles.condition.values) == ["plain", "query", "key"]
