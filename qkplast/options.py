@@ -100,6 +100,18 @@ class AnalysisOptions:
         16 MB on the CPU, below glibc's largest mmap threshold, so buffers are
         reused instead of being mapped and zero-filled afresh (measured 2-4x
         faster than 32-head chunks here), and near 1 GB on a GPU.
+
+    Beyond the thesis (listwise plasticity, :mod:`qkplast.listwise`)
+    ----------------------------------------------------------------
+    set_sizes : tuple of int
+        Key-set sizes m of ``ap_set`` ((2, 8, 64, 0)); 0 is the whole
+        eligible set of a document. m = 2 uses the pairwise estimator's pairs.
+    n_sets : int
+        Key sets drawn per query bucket and set size (16; m = 2 uses the ``n_pairs`` pairs).
+    n_model_queries : int
+        Queries drawn from the fitted Gaussian model per bucket for ``ap_set``
+        at m > 2, where no closed form exists (32, as many as a default
+        bucket captures).
     """
 
     taxonomy_low: float = 0.3
@@ -121,8 +133,17 @@ class AnalysisOptions:
     seed: int = 0
     device: str = "auto"
     head_chunk: int = 0
+    set_sizes: tuple = (2, 8, 64, 0)
+    n_sets: int = 16
+    n_model_queries: int = 32
 
     def __post_init__(self):
+        # a tuple whatever came in (a list from a saved dataset's attrs), so saved options compare equal
+        object.__setattr__(self, "set_sizes", tuple(int(m) for m in self.set_sizes))
+        if any(m < 0 or m == 1 for m in self.set_sizes) or len(set(self.set_sizes)) != len(self.set_sizes):
+            raise ValueError(f"option set_sizes must be distinct sizes >= 2 (or 0 for the whole set), got {self.set_sizes}")
+        if self.n_sets < 1 or self.n_model_queries < 2:
+            raise ValueError(f"options n_sets >= 1 and n_model_queries >= 2 needed, got {self.n_sets}, {self.n_model_queries}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"option {name}={getattr(self, name)!r} is not one of {allowed}")
