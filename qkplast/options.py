@@ -174,11 +174,12 @@ class AnalysisOptions:
         return replace(options or cls(), **overrides)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # tuples as lists: the form they take after a JSON round trip through a saved dataset's attrs
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def result_key(self) -> dict:
         """The options that can change results: all but the execution ones (``device``, ``head_chunk``)."""
-        return {k: v for k, v in asdict(self).items() if k not in EXECUTION_OPTIONS}
+        return {k: v for k, v in self.to_dict().items() if k not in EXECUTION_OPTIONS}
 
 
 # --------------------------------------------------------------------------- capture
