@@ -335,3 +335,20 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
             diffs.append({"condition": name, "quantity": qty, "estimate": r["estimate"][i] - base["estimate"][i],
                           "lo": dlo[i], "hi": dhi[i], "excludes_zero": bool(dlo[i] > 0 or dhi[i] < 0)})
     return pd.DataFrame(rows), pd.DataFrame(diffs)
+
+
+def read_conditions(diffs: pd.DataFrame, quantity: str = "ap_drop_content", null: str = "baseline_reseeded") -> pd.DataFrame:
+    """Which interventions move ``quantity`` beyond the null.
+
+    A condition counts as moving it when its paired bootstrap interval of the
+    difference to the baseline excludes 0 *and* the difference is larger in
+    size than the reseeded baseline's (the same model and documents with other
+    sampled positions, i.e. no intervention). Returns one row per condition.
+    """
+    sub = diffs[diffs.quantity == quantity].set_index("condition")
+    null_size = abs(float(sub.loc[null, "estimate"])) if null in sub.index else 0.0
+    out = sub[["estimate", "lo", "hi", "excludes_zero"]].copy()
+    out["beyond_null"] = out.excludes_zero & (out.estimate.abs() > null_size)
+    if null in out.index:
+        out.loc[null, "beyond_null"] = False
+    return out

@@ -35,6 +35,7 @@ import math
 import warnings
 
 import numpy as np
+import pandas as pd
 import torch
 import xarray as xr
 from scipy.special import gammaln
@@ -300,3 +301,78 @@ def listwise(capture: xr.Dataset, options: AnalysisOptions | None = None, **over
     ds["nearest_mass"].attrs["meaning"] = "softmax mass on the nearest eligible bucket from the captured queries' full scores"
     ds.attrs["n_model_queries"] = opt.n_model_queries
     return ds
+
+
+# --------------------------------------------------------------------------- across heads
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman correlation of each row pair of ``x``, ``y`` ``[rep, n]`` (ranks by double argsort)."""
+    rx = np.argsort(np.argsort(x, axis=1), axis=1).astype(float)
+    ry = np.argsort(np.argsort(y, axis=1), axis=1).astype(float)
+    rx -= rx.mean(1, keepdims=True)
+    ry -= ry.mean(1, keepdims=True)
+    return (rx * ry).sum(1) / np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
+
+
+def head_level(metrics: xr.Dataset, variable: str = "ap_set") -> xr.DataArray:
+    """Per-head mean over query buckets of a ``(head, query_bucket, set_size)`` variable (NaN buckets left out)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return metrics[variable].mean("query_bucket", skipna=True)
+
+
+def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set", n_boot: int = 2000,
+                               n_perm: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
+    """Rank correlation across heads of pairwise AP (m = 2) with listwise AP at ``set_size``.
+
+    Both are per-head means over the query buckets where the listwise value is
+    defined (so the two average the same buckets). Returns ``rho``, the
+    percentile interval of a bootstrap over heads (``lo``, ``hi``), the
+    two-sided permutation p-value of rho = 0 (head labels of one side shuffled)
+    and ``n_heads``. Vectorised over replicates.
+    """
+    sub = metrics[variable]
+    both = sub.sel(set_size=set_size).notnull() & sub.sel(set_size=2).notnull()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        x = sub.sel(set_size=2).where(both).mean("query_bucket", skipna=True).values
+        y = sub.sel(set_size=set_size).where(both).mean("query_bucket", skipna=True).values
+    ok = ~np.isnan(x) & ~np.isnan(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3:
+        raise ValueError(f"set size {set_size}: fewer than 3 heads with both pairwise and listwise values")
+    rng = np.random.default_rng(seed)
+    rho = float(_spearman_rows(x[None], y[None])[0])
+    idx = rng.integers(0, len(x), (n_boot, len(x)))
+    reps = _spearman_rows(x[idx], y[idx])
+    perm = np.argsort(rng.random((n_perm, len(x))), axis=1)
+    null = _spearman_rows(np.broadcast_to(x, perm.shape), y[perm])
+    a = (1 - level) / 2
+    lo, hi = np.nanquantile(reps, [a, 1 - a])
+    return {"set_size": set_size, "rho": rho, "lo": float(lo), "hi": float(hi),
+            "p_perm": float((1 + np.sum(np.abs(null) >= abs(rho))) / (1 + n_perm)), "n_heads": int(len(x))}
+
+
+def mean_over_heads(values: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """Mean over heads (axis 0, NaN left out) with a percentile bootstrap interval over heads."""
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return np.nan, np.nan, np.nan
+    reps = v[np.random.default_rng(seed).integers(0, v.size, (n_boot, v.size))].mean(1)
+    a = (1 - level) / 2
+    return float(v.mean()), float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))
+
+
+def listwise_summary(metrics: xr.Dataset, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per set size: mean over heads of the per-head mean ``ap_set`` and ``ap_set_mc``, with head-bootstrap intervals."""
+    rows = []
+    for m in metrics.set_size.values:
+        row = {"set size": "whole set" if m == 0 else int(m),
+               "buckets with sets": int((metrics.n_sets.sel(set_size=m) > 0).sum())}
+        for name, label in (("ap_set", "model"), ("ap_set_mc", "captured")):
+            est, lo, hi = mean_over_heads(head_level(metrics, name).sel(set_size=m).values, n_boot, seed=seed)
+            row[f"{label}"], row[f"{label} 95% CI"] = round(est, 3), f"[{lo:.3f}, {hi:.3f}]"
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("set size")
