@@ -49,11 +49,11 @@ rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (sec
 analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 n_boot = 2000  # bootstrap replicates of every interval on this page
 n_perm = 2000  # permutations of every null on this page
-cond_docs = 6  # documents of the content-decay conditions (the same documents in every condition)
-cond_seq_len = 1024  # window of the conditions' baseline (16 buckets of 64 tokens)
-cond_samples_per_bucket = 8  # samples per bucket per document in the conditions: 48 queries per bucket
+cond_docs = None  # documents of the content-decay conditions, the same in every condition (None: min(6, docs))
+cond_seq_len = None  # window of the conditions' baseline, 16 buckets (None: min(1024, seq_len))
+cond_samples_per_bucket = 8  # samples per bucket per document in the conditions: 48 queries per bucket at 6 documents
 rope_factors = [0.5, 2.0, 4.0]  # RoPE base multipliers applied at inference
-window_lengths = [1024, 2048]  # window lengths compared (add 4096, 8192 on a GPU or with time to spare)
+window_factors = [1, 2]  # windows compared, in multiples of cond_seq_len ([1, 2, 4, 8] gives 1K-8K; minutes on a CPU)
 sinks = ["bos", "mid_document", "mask_first"]  # initial-token conditions
 mask_k = 4  # keys masked at the start of every window in the mask_first condition
 
@@ -252,9 +252,11 @@ fig = op.counterfactual_profiles(metrics)
 
 # %%
 t0 = time.perf_counter()
+cond_docs = cond_docs or min(6, docs)
+cond_seq_len = cond_seq_len or min(1024, seq_len)
 captures, capture_seconds = capture_conditions(
     run_dir, model=model, corpus=corpus, docs=cond_docs, seq_len=cond_seq_len, rope_factors=rope_factors,
-    window_lengths=window_lengths, sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket,
+    window_lengths=[int(f * cond_seq_len) for f in window_factors], sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket,
     heads=heads, seed=seed, device=device, dtype=dtype)
 values, differences = condition_table(captures, None, n_boot=n_boot, seed=seed)
 conditions_seconds = time.perf_counter() - t0
