@@ -105,3 +105,15 @@ def test_set_size_option_checked():
     with pytest.raises(ValueError, match="set_sizes"):
         AnalysisOptions(set_sizes=(2, 1))
     assert AnalysisOptions(set_sizes=[2, 8]).set_sizes == (2, 8)
+
+
+def test_analyze_returns_the_contract_names(planted):
+    import qkplast
+
+    m = quiet(qkplast.analyze, planted, n_pairs=64, set_sizes=(2, 8, 0))
+    assert m.ap_set.dims == ("head", "query_bucket", "set_size") and list(m.set_size.values) == [2, 8, 0]
+    for name in ("ap_drop_bias", "ap_drop_content", "ap_drop_interaction"):
+        assert m[name].dims == ("head",)
+    total = m.ap_drop_bias + m.ap_drop_content + m.ap_drop_interaction
+    assert float(abs(total - m.ap_drop).max()) < 1e-12
+    assert float(abs(m.ap_set.sel(set_size=2) - m.ap).max()) < 1e-12
