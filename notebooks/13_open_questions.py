@@ -52,6 +52,7 @@ n_perm = 2000  # permutations of every null on this page
 cond_docs = None  # documents of the content-decay conditions, the same in every condition (None: min(6, docs))
 cond_seq_len = None  # window of the conditions' baseline, 16 buckets (None: min(1024, seq_len))
 cond_samples_per_bucket = 8  # samples per bucket per document in the conditions: 48 queries per bucket at 6 documents
+cond_heads = 90  # query heads captured per condition (a uniform sample; a third of SmolLM2's, 35 MB a condition)
 rope_factors = [0.5, 2.0, 4.0]  # RoPE base multipliers applied at inference
 window_factors = [1, 2]  # windows compared, in multiples of cond_seq_len ([1, 2, 4, 8] gives 1K-8K; minutes on a CPU)
 sinks = ["bos", "mid_document", "mask_first"]  # initial-token conditions
@@ -257,7 +258,7 @@ cond_seq_len = cond_seq_len or min(1024, seq_len)
 captures, capture_seconds = capture_conditions(
     run_dir, model=model, corpus=corpus, docs=cond_docs, seq_len=cond_seq_len, rope_factors=rope_factors,
     window_lengths=[int(f * cond_seq_len) for f in window_factors], sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket,
-    heads=heads, seed=seed, device=device, dtype=dtype)
+    heads=min(cond_heads, heads), seed=seed, device=device, dtype=dtype)
 values, differences = condition_table(captures, None, n_boot=n_boot, seed=seed)
 conditions_seconds = time.perf_counter() - t0
 table = values.pivot(index="condition", columns="quantity", values="estimate").loc[list(captures)]
