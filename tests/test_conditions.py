@@ -10,6 +10,7 @@ import transformers as T
 from qkplast.conditions import (QUANTITIES, bootstrap_parts, condition_grid, document_sums, first_keys_mask,
                                 first_keys_masked, parts_from_weights, rope_base_scaled)
 from qkplast.decompose import counterfactual_ap, decompose_drop, edge_masks
+from qkplast.options import AnalysisOptions
 from qkplast.plasticity import PlasticityWarning
 from qkplast.synthetic import planted_capture
 
@@ -80,7 +81,7 @@ def test_document_sums_reproduce_the_decomposition():
     with np.errstate(invalid="ignore"):
         prof = sums.sum(-1) / counts.sum(-1)
     np.testing.assert_allclose(prof, cf.values, rtol=1e-12, atol=1e-14)
-    first, last = edge_masks(tau, cap.attrs["seq_len"], __import__("qkplast").AnalysisOptions())
+    first, last = edge_masks(tau, cap.attrs["seq_len"], AnalysisOptions())
     est = parts_from_weights(sums, counts, np.ones((1, len(docs))), first, last)[0]
     expect = [float(dec[n].mean()) for n in ("ap_drop_bias", "ap_drop_content", "ap_drop_interaction", "ap_drop_keys")]
     np.testing.assert_allclose(est[1:], expect, atol=1e-12)
