@@ -142,6 +142,24 @@ def _documents(tokens: dict, tokenizer, start: int, prefix: str = ""):
 # --------------------------------------------------------------------------- captures
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Silence transformers' weight-loading bars and logging so notebook outputs stay deterministic."""
+    import io
+
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        transformers.logging.enable_progress_bar()
+
+
 def condition_grid(seq_len: int, rope_factors, window_lengths, sinks, mask_k: int, offset: int) -> dict[str, dict]:
     """Condition name -> its settings (``seq_len``, ``rope``, ``start``, ``bos``, ``mask_k``, ``seed_shift``).
 
@@ -198,34 +216,35 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
         return folder / f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}.nc"
 
     out, seconds, loaded, tokens = {}, {}, None, None
-    for name, spec in grid.items():
-        path = path_of(name, spec)
-        if path.exists():
-            out[name], seconds[name] = open_capture(path), 0.0
-            continue
-        if loaded is None:
-            loaded = load_model(model, device=device, dtype=dtype)
-            need = max(c["seq_len"] + c["start"] for c in grid.values()) + 16  # margin: decode + re-encode may merge a few tokens
-            tokens = select_documents(open_corpus(corpus), loaded.tokenizer, docs, need)
-        t0 = time.perf_counter()
-        prefix = loaded.tokenizer.bos_token if spec["bos"] else ""
-        if spec["bos"] and not prefix:
-            raise ValueError(f"the tokenizer of {model} has no BOS token; drop 'bos' from the sink conditions")
-        documents = _documents(tokens, loaded.tokenizer, spec["start"], prefix)
-        with contextlib.ExitStack() as stack:
-            if spec["rope"] != 1.0:
-                stack.enter_context(rope_base_scaled(loaded.model, spec["rope"]))
-            if spec["mask_k"]:
-                stack.enter_context(first_keys_masked(loaded.model, spec["mask_k"]))
-            cap = capture(loaded.model, loaded.tokenizer, documents, None, seq_len=spec["seq_len"],
-                          bucket_size=spec["seq_len"] // 16, samples_per_bucket=samples_per_bucket, heads=heads,
-                          seed=seed + spec["seed_shift"], docs=docs, short_docs="skip", progress=progress, model_info=loaded.info)
-        if spec["mask_k"]:  # masked keys cannot win: they leave the analysis as keys (and as queries)
-            cap = cap.isel(sample=np.flatnonzero(cap.position.values >= spec["mask_k"]))
-        cap.attrs["condition"] = name
-        cap.attrs["condition_settings"] = spec
-        save_capture(cap, path, overwrite=True)
-        out[name], seconds[name] = cap, round(time.perf_counter() - t0, 2)
+    with _quiet():  # weight-loading bars would make the notebook output machine-dependent
+        for name, spec in grid.items():
+            path = path_of(name, spec)
+            if path.exists():
+                out[name], seconds[name] = open_capture(path), 0.0
+                continue
+            if loaded is None:
+                loaded = load_model(model, device=device, dtype=dtype)
+                need = max(c["seq_len"] + c["start"] for c in grid.values()) + 16  # margin: decode + re-encode may merge a few tokens
+                tokens = select_documents(open_corpus(corpus), loaded.tokenizer, docs, need)
+            t0 = time.perf_counter()
+            prefix = loaded.tokenizer.bos_token if spec["bos"] else ""
+            if spec["bos"] and not prefix:
+                raise ValueError(f"the tokenizer of {model} has no BOS token; drop 'bos' from the sink conditions")
+            documents = _documents(tokens, loaded.tokenizer, spec["start"], prefix)
+            with contextlib.ExitStack() as stack:
+                if spec["rope"] != 1.0:
+                    stack.enter_context(rope_base_scaled(loaded.model, spec["rope"]))
+                if spec["mask_k"]:
+                    stack.enter_context(first_keys_masked(loaded.model, spec["mask_k"]))
+                cap = capture(loaded.model, loaded.tokenizer, documents, None, seq_len=spec["seq_len"],
+                              bucket_size=spec["seq_len"] // 16, samples_per_bucket=samples_per_bucket, heads=heads,
+                              seed=seed + spec["seed_shift"], docs=docs, short_docs="skip", progress=progress, model_info=loaded.info)
+            if spec["mask_k"]:  # masked keys cannot win: they leave the analysis as keys (and as queries)
+                cap = cap.isel(sample=np.flatnonzero(cap.position.values >= spec["mask_k"]))
+            cap.attrs["condition"] = name
+            cap.attrs["condition_settings"] = spec
+            save_capture(cap, path, overwrite=True)
+            out[name], seconds[name] = cap, round(time.perf_counter() - t0, 2)
     return out, seconds
 
 
@@ -342,12 +361,16 @@ def read_conditions(diffs: pd.DataFrame, quantity: str = "ap_drop_content", null
 
     A condition counts as moving it when its paired bootstrap interval of the
     difference to the baseline excludes 0 *and* the difference is larger in
-    size than the reseeded baseline's (the same model and documents with other
-    sampled positions, i.e. no intervention). Returns one row per condition.
+    size than anything the reseeded baseline's interval allows (the same model
+    and documents with other sampled positions, i.e. no intervention: the
+    larger end of its interval in absolute value). Returns one row per
+    condition, with the null size in ``null_size``.
     """
     sub = diffs[diffs.quantity == quantity].set_index("condition")
-    null_size = abs(float(sub.loc[null, "estimate"])) if null in sub.index else 0.0
+    # the null's size: the largest difference its paired interval allows (resampled positions, no intervention)
+    null_size = float(max(abs(sub.loc[null, "lo"]), abs(sub.loc[null, "hi"]))) if null in sub.index else 0.0
     out = sub[["estimate", "lo", "hi", "excludes_zero"]].copy()
+    out["null_size"] = null_size
     out["beyond_null"] = out.excludes_zero & (out.estimate.abs() > null_size)
     if null in out.index:
         out.loc[null, "beyond_null"] = False
