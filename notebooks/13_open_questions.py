@@ -67,7 +67,7 @@ import pandas as pd
 import qkplast.open_plots as op
 from qkplast.batch import load_or_analyze, load_or_capture
 from qkplast.conditions import bootstrap_parts, capture_conditions, condition_table, read_conditions
-from qkplast.gqa import gqa_similarity
+from qkplast.gqa import gqa_similarity, layers_with_groups
 from qkplast.listwise import listwise_summary, pairwise_predicts_listwise
 
 started, started_cpu = time.perf_counter(), time.process_time()
@@ -313,21 +313,26 @@ print("reading:", verdict)
 # $(1 + \#\{T_{\mathrm{perm}} \le T\}) / (1 + n_{\mathrm{perm}})$.
 
 # %%
-gqa = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
-gqa_mc = gqa_similarity(metrics, "ap_mc", n_perm=n_perm, seed=seed)
-pd.DataFrame({
-    "profile": ["ap (closed form)", "ap_mc (captured queries)"],
-    "within group": [float(gqa.within), float(gqa_mc.within)],
-    "between groups": [float(gqa.between), float(gqa_mc.between)],
-    "T": [float(gqa.statistic), float(gqa_mc.statistic)],
-    "null mean": [float(gqa.null_mean), float(gqa_mc.null_mean)],
-    "null sd": [float(gqa.null_sd), float(gqa_mc.null_sd)],
-    "p (one-sided)": [float(gqa.p_value), float(gqa_mc.p_value)],
-    "layers with T < 0": [int((gqa.layer_statistic < 0).sum()), int((gqa_mc.layer_statistic < 0).sum())],
-}).set_index("profile").round(4)
+gqa, gqa_table = None, None
+if layers_with_groups(metrics):
+    gqa = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
+    gqa_mc = gqa_similarity(metrics, "ap_mc", n_perm=n_perm, seed=seed)
+    gqa_table = pd.DataFrame({
+        "profile": ["ap (closed form)", "ap_mc (captured queries)"],
+        "within group": [float(gqa.within), float(gqa_mc.within)],
+        "between groups": [float(gqa.between), float(gqa_mc.between)],
+        "T": [float(gqa.statistic), float(gqa_mc.statistic)],
+        "null mean": [float(gqa.null_mean), float(gqa_mc.null_mean)],
+        "null sd": [float(gqa.null_sd), float(gqa_mc.null_sd)],
+        "p (one-sided)": [float(gqa.p_value), float(gqa_mc.p_value)],
+        "layers with T < 0": [int((gqa.layer_statistic < 0).sum()), int((gqa_mc.layer_statistic < 0).sum())],
+    }).set_index("profile").round(4)
+else:
+    print("no captured layer holds query heads of two key heads: capture more heads for the GQA test")
+gqa_table
 
 # %%
-fig = op.gqa_null(gqa)
+fig = op.gqa_null(gqa) if gqa is not None else None
 
 # %% [markdown]
 # ## What the data leave open

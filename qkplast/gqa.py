@@ -57,6 +57,12 @@ def within_layer_permutations(layer: np.ndarray, n_perm: int, rng: np.random.Gen
     return perm
 
 
+def layers_with_groups(metrics: xr.Dataset) -> int:
+    """How many layers hold captured query heads of at least two key heads (the test needs one)."""
+    layer, kv = metrics["layer"].values, metrics["kv_head"].values
+    return int(sum(len(np.unique(kv[layer == ly])) >= 2 for ly in np.unique(layer)))
+
+
 def gqa_similarity(metrics: xr.Dataset, variable: str = "ap", n_perm: int = 2000, seed: int = 0,
                    device: str = "auto", chunk: int = 250) -> xr.Dataset:
     """Within- versus between-group similarity of plasticity profiles, with a within-layer permutation null.
@@ -81,7 +87,7 @@ def gqa_similarity(metrics: xr.Dataset, variable: str = "ap", n_perm: int = 2000
     dev = resolve_device(device)
     layer_np, kv_np = metrics["layer"].values, metrics["kv_head"].values
     groups = {int(layer): len(np.unique(kv_np[layer_np == layer])) for layer in np.unique(layer_np)}
-    if max(groups.values(), default=0) < 2:
+    if layers_with_groups(metrics) == 0:
         raise ValueError("no layer has query heads of two different key heads: the GQA comparison needs at least two groups in a layer")
     dist = profile_distances(as_f64(metrics[variable], dev))
     layer = torch.as_tensor(layer_np, device=dev)
