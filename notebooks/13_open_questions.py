@@ -67,7 +67,7 @@ import pandas as pd
 import qkplast.open_plots as op
 from qkplast.batch import load_or_analyze, load_or_capture
 from qkplast.conditions import bootstrap_parts, capture_conditions, condition_table, read_conditions
-from qkplast.gqa import gqa_similarity, layers_with_groups
+from qkplast.gqa import gqa_similarity, gqa_testable
 from qkplast.listwise import listwise_summary, pairwise_predicts_listwise
 
 started, started_cpu = time.perf_counter(), time.process_time()
@@ -314,7 +314,7 @@ print("reading:", verdict)
 
 # %%
 gqa, gqa_table = None, None
-if layers_with_groups(metrics):
+if gqa_testable(metrics):
     gqa = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
     gqa_mc = gqa_similarity(metrics, "ap_mc", n_perm=n_perm, seed=seed)
     gqa_table = pd.DataFrame({
@@ -328,7 +328,7 @@ if layers_with_groups(metrics):
         "layers with T < 0": [int((gqa.layer_statistic < 0).sum()), int((gqa_mc.layer_statistic < 0).sum())],
     }).set_index("profile").round(4)
 else:
-    print("no captured layer holds query heads of two key heads: capture more heads for the GQA test")
+    print("the captured heads give no same-layer pairs within a group or none across groups: capture more heads for the GQA test")
 gqa_table
 
 # %%

@@ -57,10 +57,15 @@ def within_layer_permutations(layer: np.ndarray, n_perm: int, rng: np.random.Gen
     return perm
 
 
-def layers_with_groups(metrics: xr.Dataset) -> int:
-    """How many layers hold captured query heads of at least two key heads (the test needs one)."""
+def gqa_testable(metrics: xr.Dataset) -> bool:
+    """Whether the captured heads give both kinds of same-layer pairs: two heads of one group, and two of different groups."""
     layer, kv = metrics["layer"].values, metrics["kv_head"].values
-    return int(sum(len(np.unique(kv[layer == ly])) >= 2 for ly in np.unique(layer)))
+    within = between = 0
+    for ly in np.unique(layer):
+        _, n = np.unique(kv[layer == ly], return_counts=True)
+        within += int((n * (n - 1) // 2).sum())
+        between += int((n.sum() ** 2 - (n * n).sum()) // 2)
+    return within > 0 and between > 0
 
 
 def gqa_similarity(metrics: xr.Dataset, variable: str = "ap", n_perm: int = 2000, seed: int = 0,
@@ -87,8 +92,9 @@ def gqa_similarity(metrics: xr.Dataset, variable: str = "ap", n_perm: int = 2000
     dev = resolve_device(device)
     layer_np, kv_np = metrics["layer"].values, metrics["kv_head"].values
     groups = {int(layer): len(np.unique(kv_np[layer_np == layer])) for layer in np.unique(layer_np)}
-    if layers_with_groups(metrics) == 0:
-        raise ValueError("no layer has query heads of two different key heads: the GQA comparison needs at least two groups in a layer")
+    if not gqa_testable(metrics):
+        raise ValueError("the captured heads hold no layer with two heads of one group and no layer with heads of two "
+                         "groups: the GQA comparison needs both; capture more heads (--heads)")
     dist = profile_distances(as_f64(metrics[variable], dev))
     layer = torch.as_tensor(layer_np, device=dev)
     kv = torch.as_tensor(kv_np, device=dev)

@@ -49,5 +49,16 @@ def test_distances():
 
 def test_one_group_is_an_error(rng):
     m = metrics_with_profiles(rng, grouped=True)
-    with pytest.raises(ValueError, match="two groups"):
+    with pytest.raises(ValueError, match="capture more heads"):
         gqa_similarity(m.assign_coords(kv_head=("head", np.zeros(m.sizes["head"], int))))
+
+
+def test_testable_needs_both_kinds_of_pairs(rng):
+    from qkplast.gqa import gqa_testable
+
+    m = metrics_with_profiles(rng, grouped=True)
+    assert gqa_testable(m)
+    one_per_group = m.isel(head=np.flatnonzero(m.q_head.values % 3 == 0))  # heads 0, 3, 6: three groups, one head each
+    assert not gqa_testable(one_per_group)
+    with pytest.raises(ValueError, match="capture more heads"):
+        gqa_similarity(one_per_group)
