@@ -6,6 +6,7 @@ import xarray as xr
 
 from . import __version__
 from .io import validate_capture
+from .open_questions import open_questions
 from .options import AnalysisOptions
 from .pca import pca
 from .plasticity import plasticity
@@ -37,7 +38,11 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
         ``separation_strength``, the axes ``axis_a``/``axis_b``; ``ap``, ``ap_mc``
         and ``ap_mc_se`` (its Monte Carlo standard error over the pair draw)
         (head, query_bucket), ``ap_overall``, ``ap_first20``, ``ap_last20``,
-        ``ap_drop`` (and ``_mc`` twins), ``ap_context`` and the 2D map ``ap_map``.
+        ``ap_drop`` (and ``_mc`` twins), ``ap_context`` and the 2D map ``ap_map``;
+        beyond the thesis: ``ap_set``/``ap_set_mc`` (head, query_bucket,
+        set_size), ``nearest_mass_position``, ``nearest_mass``, and
+        ``ap_drop_bias`` + ``ap_drop_content`` + ``ap_drop_interaction`` = ``ap_drop``
+        with ``ap_drop_keys`` and ``ap_counterfactual`` (see :mod:`qkplast.decompose`).
         The head coords of the capture are kept; attrs hold the options, the
         capture's attrs and the qkplast version.
     """
@@ -50,6 +55,9 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
         plasticity(capture, opt),
     ]
     out = xr.merge(parts, compat="no_conflicts", combine_attrs="drop")
+    # --- beyond the thesis (issue 12): listwise plasticity and the AP_drop decomposition ---
+    out = out.merge(open_questions(capture, opt, out), compat="no_conflicts", combine_attrs="drop")
+    # --- end beyond the thesis ---
     out = out.assign_coords({name: ("head", capture[name].values) for name in HEAD_COORDS})
     out.attrs = {"qkplast_version": __version__, "options": opt.to_dict(), "capture": dict(capture.attrs)}
     return out

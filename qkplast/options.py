@@ -116,6 +116,18 @@ class AnalysisOptions:
         sampled pair is ``1/(j-1) - 1/(t-1)``, normalised within the bucket
         (an importance weight on the uniformly drawn pairs). The two estimate
         different quantities; neither is a correction of the other.
+
+    Beyond the thesis (listwise plasticity, :mod:`qkplast.listwise`)
+    ----------------------------------------------------------------
+    set_sizes : tuple of int
+        Key-set sizes m of ``ap_set`` ((2, 8, 64, 0)); 0 is the whole
+        eligible set of a document. m = 2 uses the pairwise estimator's pairs.
+    n_sets : int
+        Key sets drawn per query bucket and set size (16; m = 2 uses the ``n_pairs`` pairs).
+    n_model_queries : int
+        Queries drawn from the fitted Gaussian model per bucket for ``ap_set``
+        at m > 2, where no closed form exists (32, as many as a default
+        bucket captures).
     """
 
     taxonomy_low: float = 0.3
@@ -138,8 +150,17 @@ class AnalysisOptions:
     device: str = "auto"
     head_chunk: int = 0
     pair_weight: Literal["uniform", "prefix"] = "uniform"
+    set_sizes: tuple = (2, 8, 64, 0)
+    n_sets: int = 16
+    n_model_queries: int = 32
 
     def __post_init__(self):
+        # a tuple whatever came in (a list from a saved dataset's attrs), so saved options compare equal
+        object.__setattr__(self, "set_sizes", tuple(int(m) for m in self.set_sizes))
+        if any(m < 0 or m == 1 for m in self.set_sizes) or len(set(self.set_sizes)) != len(self.set_sizes):
+            raise ValueError(f"option set_sizes must be distinct sizes >= 2 (or 0 for the whole set), got {self.set_sizes}")
+        if self.n_sets < 1 or self.n_model_queries < 2:
+            raise ValueError(f"options n_sets >= 1 and n_model_queries >= 2 needed, got {self.n_sets}, {self.n_model_queries}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"option {name}={getattr(self, name)!r} is not one of {allowed}")
@@ -170,11 +191,12 @@ class AnalysisOptions:
         return replace(options or cls(), **overrides)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # tuples as lists: the form they take after a JSON round trip through a saved dataset's attrs
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def result_key(self) -> dict:
         """The options that can change results: all but the execution ones (``device``, ``head_chunk``)."""
-        return {k: v for k, v in asdict(self).items() if k not in EXECUTION_OPTIONS}
+        return {k: v for k, v in self.to_dict().items() if k not in EXECUTION_OPTIONS}
 
 
 # --------------------------------------------------------------------------- capture
