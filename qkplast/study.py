@@ -211,7 +211,7 @@ def _parts_written(run_dir: Path) -> int:
     return len(list((run_dir / "capture.nc.parts").glob("doc-*.nc")))
 
 
-def _execute_run(spec: RunSpec, stage: str) -> None:
+def _execute_run(spec: RunSpec, stage: str, parameters: dict | None = None) -> None:
     """The one call into :mod:`qkplast.batch` (the only place a study reaches a run).
 
     Written against today's ``batch.run(model, out, *, device, parameters, ...)``: stage ``capture`` is
@@ -220,7 +220,9 @@ def _execute_run(spec: RunSpec, stage: str) -> None:
     the whole body becomes::
 
         batch.run(spec.capture, spec.run_dir, analysis=AnalysisOptions.from_kwargs(None, **spec.analysis),
-                  stage=stage, progress=False)
+                  parameters=parameters, stage=stage, progress=False)
+
+    ``parameters`` reach every notebook (the book passes ``study``).
     """
     from . import batch
 
@@ -235,7 +237,8 @@ def _execute_run(spec: RunSpec, stage: str) -> None:
         return
     batch.load_or_analyze(spec.run_dir, capture, seed=cap.seed, **spec.analysis)
     if stage == "notebooks":
-        params = {**{k: v for k, v in legacy.items() if k not in ("model", "device")}, "analysis": spec.analysis}
+        params = {**{k: v for k, v in legacy.items() if k not in ("model", "device")}, "analysis": spec.analysis,
+                  **(parameters or {})}
         batch.run(cap.model, spec.run_dir, device=cap.device, parameters=params, progress=False)
 
 
