@@ -78,6 +78,17 @@ def table_6_1(study: str | os.PathLike | Study, include_thesis: bool = True) -> 
     return table
 
 
+def geometry_across(study: str | os.PathLike | Study) -> pd.DataFrame:
+    """Section 6.1's quantities (rows) for the thesis and each run of the study (columns, study order)."""
+    metrics = study_metrics(study)
+    if not metrics:
+        raise ValueError(f"no run of study {as_study(study).name!r} has been analysed yet; run qkplast study first")
+    tables = {name: results.geometry_table(m) for name, m in metrics.items()}
+    first = next(iter(tables.values()))
+    return pd.concat([first[["thesis"]], *[t[["this run"]].rename(columns={"this run": n}) for n, t in tables.items()]],
+                     axis=1)
+
+
 def profiles(study: str | os.PathLike | Study) -> xr.DataArray:
     """Mean plasticity over the context fraction bins per run (dims ``run, context_bin``), study order."""
     metrics = study_metrics(study)
@@ -158,7 +169,8 @@ def compare_tables(study: str | os.PathLike | Study) -> dict[str, pd.DataFrame]:
 
     study = as_study(study)
     dirs = [r.run_dir for r in study.runs if (r.run_dir / "metrics.nc").exists()]
-    tables = {"summary": compare(dirs), "table_6_1": table_6_1(study), "benchmark": benchmark_matches(study)}
+    tables = {"summary": compare(dirs), "geometry": geometry_across(study), "table_6_1": table_6_1(study),
+              "benchmark": benchmark_matches(study)}
     if is_checkpoint_series(study):
         tables["trajectory"] = trajectory(study)
     return tables
@@ -241,5 +253,6 @@ def book_notebooks(study: str | os.PathLike | Study, target: str | os.PathLike) 
 
 
 __all__ = ["benchmark_figure", "benchmark_matches", "book_notebooks", "compare_tables", "fold_injected_parameters",
+           "geometry_across",
            "head_bootstrap", "is_checkpoint_series", "missing_runs", "profiles", "study_metrics", "table_6_1",
            "thesis_model", "trajectory", "write_compare"]
