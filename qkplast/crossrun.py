@@ -176,6 +176,18 @@ def compare_tables(study: str | os.PathLike | Study) -> dict[str, pd.DataFrame]:
     return tables
 
 
+def expand_runs(paths) -> list[Path]:
+    """Run directories of the arguments of ``qkplast compare``: a study file or study directory stands for
+    its analysed runs in study order; any other path is a run directory."""
+    out = []
+    for p in map(Path, paths):
+        if p.suffix in (".yaml", ".yml") or (p / "study.json").exists():
+            out += [r.run_dir for r in as_study(p).runs if (r.run_dir / "metrics.nc").exists()]
+        else:
+            out.append(p)
+    return out
+
+
 def write_compare(study: str | os.PathLike | Study, out: str | os.PathLike) -> list[Path]:
     """Write :func:`compare_tables` as ``OUT/<stem>.csv``; returns the paths."""
     out = Path(out)
@@ -253,6 +265,6 @@ def book_notebooks(study: str | os.PathLike | Study, target: str | os.PathLike) 
 
 
 __all__ = ["benchmark_figure", "benchmark_matches", "book_notebooks", "compare_tables", "fold_injected_parameters",
-           "geometry_across",
+           "expand_runs", "geometry_across",
            "head_bootstrap", "is_checkpoint_series", "missing_runs", "profiles", "study_metrics", "table_6_1",
            "thesis_model", "trajectory", "write_compare"]

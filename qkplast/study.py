@@ -412,7 +412,8 @@ def status(study: Study, stage: str | None = None) -> list[dict]:
             row["reason"] = slurm_state.lower()
         elif run_state.get("state") == "running" and (job.get("executor") == "slurm" or not _alive(run_state)):
             row.update(state="failed", reason="the job ended without finishing (killed, out of memory, or out of "
-                                              "requeues after timeouts: raise resources.timeout_min or max_num_timeout)")
+                                              "requeues after timeouts); run the study again to resume it, or raise "
+                                              "resources.timeout_min or max_num_timeout")
         elif run_state.get("state") == "running":
             row["state"] = "running"
         rows.append(row)

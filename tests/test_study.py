@@ -183,6 +183,16 @@ def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, w
         "models": [{"id": str(wide_dir), "name": "a"},
                    {"id": str(wide_dir), "name": "b", "seed": 1, "docs": 2, "resources": {"timeout_min": 10}}]})
     r = _qkplast("study", str(study), "--executor", "local", "--stage", "capture")
+    jobs = json.loads((tmp_path / "out" / "study.json").read_text())["runs"]
+    first_job = jobs["a"]["job_id"]
+    # On a busy machine the local executor's retries (6 at most) may end before the capture does; running
+    # the study again resumes it (the other way a run resumes), and submits only the unfinished run.
+    for _ in range(3):
+        if r.returncode == 0:
+            break
+        assert "a: failed" in r.stdout and "run the study again to resume it" in r.stdout, r.stdout + r.stderr
+        r = _qkplast("study", str(study), "--executor", "local", "--stage", "capture")
+        assert "b: done (capture), not submitted" in r.stdout
     assert r.returncode == 0, r.stdout + r.stderr
     jobs = json.loads((tmp_path / "out" / "study.json").read_text())["runs"]
     assert r.stdout.strip().splitlines()[-2:] == [f"{n}: done (job {jobs[n]['job_id']})" for n in ("a", "b")]
@@ -191,13 +201,13 @@ def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, w
     attempts = {n: [json.loads(line) for line in (tmp_path / "out" / n / "study-attempts.jsonl").read_text().splitlines()]
                 for n in ("a", "b")}
     a = attempts["a"]
-    assert len(a) >= 2, f"the job was never requeued ({a})"
-    assert len({x["job_id"] for x in a}) == 1  # requeued as the same job
+    first = [x for x in a if x["job_id"] == first_job]
+    assert len(first) >= 2, f"the job was never requeued ({a})"  # requeued as the same job
     resumed = [x["parts_at_start"] for x in a[1:]]
-    assert resumed[0] > 0, f"the requeued job found no parts to resume from ({a})"
+    assert max(x["parts_at_start"] for x in first[1:]) > 0, f"no requeued attempt found parts to resume from ({a})"
     assert resumed == sorted(resumed) and resumed[-1] < docs  # parts only added; the last attempt finished the rest
     assert len(attempts["b"]) == 1
-    assert "timed-out" in Path(jobs["a"]["stderr"]).read_text()
+    assert "timed-out" in (tmp_path / "out" / "logs" / first_job / f"{first_job}_0_log.err").read_text()
     for name, docs in (("a", docs), ("b", 2)):
         run = tmp_path / "out" / name
         cap = open_capture(run / "capture.nc")
@@ -355,3 +365,14 @@ def test_injected_parameters_fold_into_the_parameters_cell(tmp_path):
     assert out.cells[1].source.splitlines() == ['seq_len = 256  # tokens per window', 'study = "/r/local"  # a study',
                                                 'run_dir = "/r/a"']
     assert not fold_injected_parameters(tmp_path / "n.ipynb")  # nothing left to fold
+
+
+def test_compare_reads_every_analysed_run_of_a_study(planted_study, tmp_path, capsys):
+    from qkplast import batch, crossrun
+
+    table = batch.compare([planted_study.source])
+    assert list(table.index) == ["Qwen-3-4B", "meta-llama-llama-3.2-3b", "x-other"]  # study order, analysed runs
+    code, out, _ = _cli(capsys, "compare", str(planted_study.source), "--out", str(tmp_path / "t.csv"))
+    assert code == 0 and (tmp_path / "t.csv").read_text().count("\n") == 4
+    written = crossrun.write_compare(planted_study, tmp_path / "tables")
+    assert sorted(p.stem for p in written) == ["benchmark", "geometry", "summary", "table_6_1"]
