@@ -376,3 +376,20 @@ def test_compare_reads_every_analysed_run_of_a_study(planted_study, tmp_path, ca
     assert code == 0 and (tmp_path / "t.csv").read_text().count("\n") == 4
     written = crossrun.write_compare(planted_study, tmp_path / "tables")
     assert sorted(p.stem for p in written) == ["benchmark", "geometry", "summary", "table_6_1"]
+
+
+def test_a_checkpoint_series_gets_the_trajectory_in_study_order(planted_study, tmp_path):
+    import shutil
+
+    from qkplast import crossrun
+
+    path = _write(tmp_path / "c.yaml", {"name": "series", "out": str(tmp_path / "out"), "models": [
+        {"id": "org/ckpts@stage1-step-40000", "name": "stg1_40k"}, {"id": "org/ckpts@lc-x", "name": "late"}]})
+    study = load_study(path)
+    for r, src in zip(study.runs, planted_study.runs[:2]):
+        r.run_dir.mkdir(parents=True)
+        shutil.copy(src.run_dir / "metrics.nc", r.run_dir / "metrics.nc")
+    assert crossrun.is_checkpoint_series(study)
+    t = crossrun.trajectory(study)
+    assert list(t.index) == ["stg1_40k", "late"] and list(t["thesis row"]) == ["stg1 40K", ""]
+    assert "trajectory" in crossrun.compare_tables(study)
