@@ -25,7 +25,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field, fields
