@@ -336,10 +336,17 @@ def submit(study: Study, executor: str = "local", stage: str = "notebooks", echo
     """
     if stage not in STAGES:
         raise StudyError(f"unknown stage {stage!r}; use one of {STAGES}")
-    todo = [r for r in study.runs if not is_done(r.run_dir, stage)]
+    # a run still queued or running (a live job of an earlier submission) is left to that job: two jobs
+    # writing one run directory would interleave its parts
+    live = {row["run"]: row for row in status(study, stage) if row["active"]}
+    todo = []
     for r in study.runs:
-        if r not in todo:
+        if is_done(r.run_dir, stage):
             echo(f"{r.name}: done ({done_stage(r.run_dir)}), not submitted")
+        elif r.name in live:
+            echo(f"{r.name}: {live[r.name]['state']} (job {live[r.name]['job_id']}), not submitted")
+        else:
+            todo.append(r)
     _record(study, stage, executor, {})
     submitted = {}
     for group in _groups(todo):
@@ -399,22 +406,23 @@ def status(study: Study, stage: str | None = None) -> list[dict]:
     for r in study.runs:
         job = recorded.get(r.name, {})
         want = stage or job.get("stage", "notebooks")
-        row = {"run": r.name, "state": "pending", "job_id": job.get("job_id"), "log": job.get("stdout"), "reason": ""}
+        row = {"run": r.name, "state": "pending", "job_id": job.get("job_id"), "log": job.get("stdout"), "reason": "",
+               "active": False}
         run_state = json.loads((r.run_dir / STATE).read_text()) if (r.run_dir / STATE).exists() else {}
         if is_done(r.run_dir, want):
             row["state"] = "done"
-        elif run_state.get("state") == "failed":
-            row.update(state="failed", reason=run_state.get("reason", ""))
         elif job.get("executor") == "slurm" and job.get("job_id") in active:
             slurm_state = active[job["job_id"]]
             row["state"] = "running" if slurm_state in ("RUNNING", "COMPLETING") else "pending"
-            row["reason"] = slurm_state.lower()
+            row.update(reason=slurm_state.lower(), active=True)
+        elif run_state.get("state") == "failed":
+            row.update(state="failed", reason=run_state.get("reason", ""))
         elif run_state.get("state") == "running" and (job.get("executor") == "slurm" or not _alive(run_state)):
             row.update(state="failed", reason="the job ended without finishing (killed, out of memory, or out of "
                                               "requeues after timeouts); run the study again to resume it, or raise "
                                               "resources.timeout_min or max_num_timeout")
         elif run_state.get("state") == "running":
-            row["state"] = "running"
+            row.update(state="running", active=True)
         rows.append(row)
     return rows
 

@@ -393,3 +393,22 @@ def test_a_checkpoint_series_gets_the_trajectory_in_study_order(planted_study, t
     t = crossrun.trajectory(study)
     assert list(t.index) == ["stg1_40k", "late"] and list(t["thesis row"]) == ["stg1 40K", ""]
     assert "trajectory" in crossrun.compare_tables(study)
+
+
+def test_a_live_run_is_not_submitted_twice_and_a_dead_one_is_failed(tmp_path, capsys):
+    from qkplast.study import STATE, submit
+
+    path = _write(tmp_path / "s.yaml", {"name": "s", "out": str(tmp_path / "o"), "models": [{"id": "a/b"}]})
+    study = load_study(path)
+    run = study.runs[0].run_dir
+    run.mkdir(parents=True)
+    (run / STATE).write_text(json.dumps({"state": "running", "pid": os.getpid(), "host": os.uname().nodename}))
+    lines = []
+    assert submit(study, "local", "capture", echo=lines.append) == {}
+    assert lines == ["a-b: running (job None), not submitted"]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (run / STATE).write_text(json.dumps({"state": "running", "pid": int(dead.stdout), "host": os.uname().nodename}))
+    row = status(study)[0]
+    assert row["state"] == "failed" and "run the study again to resume it" in row["reason"]
+    code, out, _ = _cli(capsys, "study", str(path), "--status")
+    assert code == 0 and out.startswith("a-b: failed: the job ended without finishing")
