@@ -256,6 +256,11 @@ class RunJob(submitit.helpers.Checkpointable):
         run_dir.mkdir(parents=True, exist_ok=True)
         if is_done(run_dir, self.stage):
             return "done"
+        other = json.loads((run_dir / STATE).read_text()) if (run_dir / STATE).exists() else {}
+        if (other.get("state") == "running" and other.get("host") == os.uname().nodename
+                and other.get("pid") != os.getpid() and _alive(other)):
+            raise StudyError(f"run {spec.name} is being written by process {other['pid']} (job {other.get('job_id')}); "
+                             "not starting a second writer")
         attempt = {"started": time.time(), "job_id": _job_id(), "host": os.uname().nodename, "pid": os.getpid(),
                    "parts_at_start": _parts_written(run_dir), "capture_done": (run_dir / "capture.nc").exists(),
                    "metrics_done": (run_dir / "metrics.nc").exists()}
@@ -336,17 +341,7 @@ def submit(study: Study, executor: str = "local", stage: str = "notebooks", echo
     """
     if stage not in STAGES:
         raise StudyError(f"unknown stage {stage!r}; use one of {STAGES}")
-    # a run still queued or running (a live job of an earlier submission) is left to that job: two jobs
-    # writing one run directory would interleave its parts
-    live = {row["run"]: row for row in status(study, stage) if row["active"]}
-    todo = []
-    for r in study.runs:
-        if is_done(r.run_dir, stage):
-            echo(f"{r.name}: done ({done_stage(r.run_dir)}), not submitted")
-        elif r.name in live:
-            echo(f"{r.name}: {live[r.name]['state']} (job {live[r.name]['job_id']}), not submitted")
-        else:
-            todo.append(r)
+    todo = _submittable(study, list(study.runs), stage, echo)
     _record(study, stage, executor, {})
     submitted = {}
     for group in _groups(todo):
@@ -358,12 +353,27 @@ def submit(study: Study, executor: str = "local", stage: str = "notebooks", echo
         else:
             width = max(1, int(group[0].resources.get("array_parallelism", 1)))
             for start in range(0, len(group), width):
-                wave = group[start:start + width]
+                wave = _submittable(study, group[start:start + width], stage, lambda line: None)
                 jobs = [ex.submit(RunJob(r, stage)) for r in wave]
                 submitted.update(_note(study, stage, executor, wave, jobs, echo))
                 for r, job in zip(wave, jobs):
                     _wait_local(r, job, echo)
     return submitted
+
+
+def _submittable(study: Study, runs: list[RunSpec], stage: str, echo) -> list[RunSpec]:
+    """The runs to submit now: not done to ``stage`` and not queued or running in another job (two jobs
+    writing one run directory would interleave its parts)."""
+    live = {row["run"]: row for row in status(study, stage) if row["active"]}
+    todo = []
+    for r in runs:
+        if is_done(r.run_dir, stage):
+            echo(f"{r.name}: done ({done_stage(r.run_dir)}), not submitted")
+        elif r.name in live:
+            echo(f"{r.name}: {live[r.name]['state']} (job {live[r.name]['job_id']}), not submitted")
+        else:
+            todo.append(r)
+    return todo
 
 
 def _note(study, stage, executor, runs, jobs, echo) -> dict:
