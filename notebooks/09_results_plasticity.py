@@ -140,7 +140,5 @@ fig = qp.quintile_profiles(results.quintile_table({f"{model} ({corpus})": metric
 if study:
     from qkplast import crossrun
 
-    study_table = crossrun.table_6_1(study)
-    display(study_table)
-    fig = qp.quintile_profiles(study_table.iloc[:, :6])
-    fig = qp.compare_profiles(crossrun.profiles(study))
+    display(crossrun.table_6_1(study))
+    fig = crossrun.profiles_figure(study)

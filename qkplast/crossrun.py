@@ -95,6 +95,33 @@ def profiles(study: str | os.PathLike | Study) -> xr.DataArray:
     return xr.concat([m.ap_context.mean("head").expand_dims(run=[name]) for name, m in metrics.items()], "run")
 
 
+def profiles_figure(study: str | os.PathLike | Study):
+    """Table 6.1's profiles: the thesis's models thin (by family), each run of the study bold in its own colour."""
+    import matplotlib.pyplot as plt
+
+    table = table_6_1(study)
+    fig, ax = plt.subplots(figsize=(7.4, 4.6), layout="constrained")
+    x = np.arange(5)
+    family = {"Ministral-3": "tab:green", "Qwen-3": "tab:purple", "Llama-3.2": "tab:orange"}
+    ours = [(g, m) for g, m in table.index if not g.startswith("thesis")]
+    for (group, model), row in table.iterrows():
+        if group.startswith("thesis"):
+            name = group.removeprefix("thesis: ")
+            first = model == table.loc[group].index[0]
+            ax.plot(x, row.iloc[:5].to_numpy(float), "-", lw=1, alpha=0.5, color=family.get(name, "0.6"),
+                    label=f"thesis: {name}" if first else None)
+    colors = plt.get_cmap("tab10" if len(ours) <= 10 else "tab20")
+    for i, (group, model) in enumerate(ours):
+        corpus = group.removeprefix("this project (").rstrip(")")
+        ax.plot(x, table.loc[(group, model)].iloc[:5].to_numpy(float), "-", lw=2.5, color=colors(i % colors.N),
+                marker="osD^v<>ph*"[i % 10], label=f"{model} ({corpus})")
+    ax.set_xticks(x, list(table.columns[:5]))
+    ax.set(xlabel="query position (share of the context window)", ylabel="mean attention plasticity",
+           title=f"study {as_study(study).name}: plasticity by fifth of the context (Table 6.1 layout)")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
 def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
@@ -265,6 +292,6 @@ def book_notebooks(study: str | os.PathLike | Study, target: str | os.PathLike) 
 
 
 __all__ = ["benchmark_figure", "benchmark_matches", "book_notebooks", "compare_tables", "fold_injected_parameters",
-           "expand_runs", "geometry_across",
+           "expand_runs", "geometry_across", "profiles_figure",
            "head_bootstrap", "is_checkpoint_series", "missing_runs", "profiles", "study_metrics", "table_6_1",
            "thesis_model", "trajectory", "write_compare"]

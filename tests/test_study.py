@@ -317,6 +317,8 @@ def test_cross_run_tables_have_a_row_per_run_in_study_order(planted_study):
     g = crossrun.geometry_across(planted_study)
     assert list(g.columns) == ["thesis", "Qwen-3-4B", "meta-llama-llama-3.2-3b", "x-other"]
     assert crossrun.profiles(planted_study).sizes == {"run": 3, "context_bin": 5}
+    fig = crossrun.profiles_figure(planted_study)
+    assert len(fig.axes[0].lines) == 3 + 11 and fig.axes[0].get_legend() is not None
 
 
 def test_benchmark_matches_pair_runs_with_their_thesis_model(planted_study):
