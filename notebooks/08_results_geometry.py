@@ -44,6 +44,7 @@ dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
 analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 n_boot = 1000  # bootstrap replicates over documents (>= 1000 for 95% percentile and BCa end points) for the interval of the mean bias strength
+study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
 # %%
 import numpy as np
@@ -139,3 +140,18 @@ bands
 
 # %%
 fig = qp.bias_vs_separation(metrics)
+
+# %% [markdown]
+# ## Across the runs of a study
+#
+# With the `study` parameter set (`bash scripts/book.sh STUDY.yaml` sets it), this section reads every run
+# of the study and sets section 6.1's quantities for each run beside the thesis's pooled values, in study
+# order. The same caveat as above holds run by run: the settings differ from the thesis's, so the
+# comparison is of kind. Without a study the section is empty.
+
+# %%
+if study:
+    from qkplast import crossrun
+
+    print(f"study {crossrun.as_study(study).name}: runs without an analysis yet: {crossrun.missing_runs(study) or 'none'}")
+    display(crossrun.geometry_across(study))

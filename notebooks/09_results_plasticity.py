@@ -46,6 +46,7 @@ analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"};
 n_boot = 1000  # bootstrap replicates over documents (>= 1000 for 95% percentile and BCa end points) for the intervals of the aggregates
 code_corpus = "stdlib-code"  # the same analysis on code: the standard library's own source
 code_run_dir = ""  # run directory of the code capture; empty means run_dir + "-code"
+study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
 # %%
 import numpy as np
@@ -128,3 +129,20 @@ comparison
 # %%
 fig = qp.quintile_profiles(results.quintile_table({f"{model} ({corpus})": metrics,
                                                    f"{model} ({code_corpus})": code_metrics}, include_thesis=False))
+
+# %% [markdown]
+# ## Across the runs of a study
+#
+# With the `study` parameter set, Table 6.1 gets one row per run of the study (study order) above the
+# thesis's rows, with the 95% percentile interval of each run's AP_drop over heads (1000 bootstrap
+# replicates of the head sample; it says how much the mean depends on which heads were sampled, not how it
+# varies over documents, which the document bootstrap above measures for the default run). The figure
+# draws every run's profile over the context beside the thesis's models. Without a study the section is
+# empty.
+
+# %%
+if study:
+    from qkplast import crossrun
+
+    display(crossrun.table_6_1(study))
+    fig = crossrun.profiles_figure(study)

@@ -43,6 +43,7 @@ dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
 analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
 checkpoints = []  # e.g. ["HuggingFaceTB/SmolLM3-3B-checkpoints@stage1-step-40000", ...]; empty: thesis values
+study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
 # %%
 import pandas as pd
@@ -93,3 +94,23 @@ results.thesis_lc_positions()
 
 # %%
 reference.table_a1_in_first_bucket()
+
+# %% [markdown]
+# ## Across the runs of a study
+#
+# When the `study` parameter names a checkpoint series (every run a revision of one model, as in
+# `studies/smollm3-checkpoints.yaml`), the trajectory of Table 6.2 is measured along it, in study order,
+# with the thesis's row for the same checkpoint where there is one. A study of different models or
+# settings is not a trajectory, and the section says so.
+
+# %%
+if study:
+    from qkplast import crossrun
+
+    if crossrun.is_checkpoint_series(study):
+        study_trajectory = crossrun.trajectory(study)
+        display(study_trajectory.round(4))
+        fig = qp.trajectory(study_trajectory, title=f"study {crossrun.as_study(study).name}: checkpoints in study order")
+    else:
+        print(f"study {crossrun.as_study(study).name} is not a checkpoint series (its runs are not revisions of one "
+              "model), so it has no training trajectory")

@@ -40,6 +40,7 @@ device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
 dtype = "auto"  # fp32 on CPU, bf16 on GPU
 rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
 analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
+study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
 # %%
 import numpy as np
@@ -114,3 +115,24 @@ per_length.pivot_table(index="length_label", columns="model", values=["lbp_score
 # %%
 print(f"{model}: AP_drop {float(metrics.ap_drop.mean()):.3f} over {seq_len} tokens; thesis range "
       f"{longbench.ap_drop.min():.3f}-{longbench.ap_drop.max():.3f} over 128K tokens")
+
+# %% [markdown]
+# ## Across the runs of a study
+#
+# With the `study` parameter set, every run whose model is one of the seven the thesis matched to
+# LongBench-Pro (by run name or hub id) is placed on Fig. 6.7 at its model's score, with its own AP_drop
+# (x) beside the thesis's point (dots), and listed with the 95% interval of its AP_drop over heads (1000
+# replicates). Runs of other models have no benchmark score and are left out; with none, the section
+# says so.
+
+# %%
+if study:
+    from qkplast import crossrun
+
+    matched = crossrun.benchmark_matches(study)
+    if len(matched):
+        display(matched)
+        fig = crossrun.benchmark_figure(study)
+    else:
+        print(f"no run of study {crossrun.as_study(study).name} is of a model with a LongBench-Pro score in the "
+              "thesis (Table 6.3), so Fig. 6.7 has no point of this study")

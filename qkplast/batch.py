@@ -307,8 +307,10 @@ def summarize(metrics: xr.Dataset) -> dict:
 
 def compare(run_dirs: list[str | os.PathLike]) -> pd.DataFrame:
     """One row per run directory: model, corpus, context and the headline metrics."""
+    from .crossrun import expand_runs  # a study file or directory stands for its runs (qkplast study)
+
     rows = []
-    for d in run_dirs:
+    for d in expand_runs(run_dirs):
         d = Path(d)
         metrics = open_dataset(d / "metrics.nc")
         cap_attrs = metrics.attrs.get("capture", {})

@@ -13,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ._capture_cli import add_capture_parser, add_prepare_parser
+from ._study_cli import add_study_parser
 from .options import _CHOICES, AnalysisOptions
 
 
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_prepare_parser(sub)
     add_capture_parser(sub)
+    add_study_parser(sub)
 
     p = sub.add_parser("run", help="capture, analyse and execute every notebook for one model (papermill)")
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded), a local directory or a hub id")
