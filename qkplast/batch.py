@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 import xarray as xr
 
+from .errors import QkplastError
 from .io import CaptureError, open_capture, open_dataset, save_dataset
 from .options import AnalysisOptions
 
@@ -55,7 +56,7 @@ DEFAULTS = {
 CAPTURE_KEYS = tuple(DEFAULTS)
 
 
-class RunError(RuntimeError):
+class RunError(QkplastError):
     """A batch step failed; the message names the notebook and cell."""
 
 

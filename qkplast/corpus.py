@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import QkplastError
+
 __all__ = [
     "CorpusError",
     "Document",
@@ -56,7 +58,7 @@ SHORT_DOC_POLICIES = ("concat", "skip")
 _STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 
 
-class CorpusError(ValueError):
+class CorpusError(QkplastError):
     """A corpus cannot be found, read or cut into windows."""
 
 

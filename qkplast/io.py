@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from .errors import QkplastError
+
 __all__ = [
     "CaptureError",
     "REQUIRED_ATTRS",
@@ -48,7 +50,7 @@ _ATTRS_KEY = "_qkplast_attrs_json"
 FORMAT_VERSION = 1
 
 
-class CaptureError(ValueError):
+class CaptureError(QkplastError):
     """A capture or metrics dataset does not follow the documented contract."""
 
 
