@@ -2,30 +2,38 @@
 
 A *run directory* holds everything one model's batch produced::
 
-    RUN/capture.nc        the capture (qkplast.io contract)
-    RUN/metrics.nc        qkplast.analyze with the run's options
-    RUN/notebooks/*.ipynb the executed notebooks (papermill)
-    RUN/manifest.json     parameters, package versions, device, timings
+    RUN/manifest.json        capture and analysis options (CaptureOptions / AnalysisOptions, same names),
+                             notebook parameters, versions, resolved commit, timings, status
+    RUN/capture.nc           the capture (qkplast.io contract)
+    RUN/metrics.nc           qkplast.analyze with the run's analysis options
+    RUN/code/                the same for the code corpus (notebook 09): manifest.json, capture.nc, metrics.nc
+    RUN/notebooks/*.ipynb    the executed notebooks (papermill)
 
-Notebooks call :func:`load_or_capture` and :func:`load_or_analyze` with their
-parameters, so the same notebook works inside a batch (where the files exist)
-and on its own, e.g. under nbval (where the first notebook creates them).
+:func:`run` loads the model once, makes every capture the notebooks need, releases
+the model (and the GPU memory) and only then starts the notebooks, which find
+their files and never load a model. Notebooks call :func:`load_run`, which reads
+the settings from ``RUN/manifest.json`` (the :class:`CaptureOptions` defaults
+when the run is new), so the same notebook works inside a batch and on its own
+(under nbval, where the first notebook captures with the defaults).
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import gc
 import hashlib
+import inspect
 import io
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -34,30 +42,21 @@ import xarray as xr
 
 from .errors import QkplastError
 from .io import CaptureError, open_capture, open_dataset, save_dataset
-from .options import AnalysisOptions
+from .options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, coerce_value, typed_option
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+#: Corpus of the code capture that notebook 09 sets beside the prose (its ``code_corpus`` parameter).
+CODE_CORPUS = "stdlib-code"
+#: Sub-directory of a run that holds the code capture.
+CODE_DIR = "code"
+STAGES = ("capture", "analyze", "notebooks")
 
-#: Capture parameters of the embedded default run. Every notebook's parameters
-#: cell repeats them as literals (papermill needs literals); a test keeps the two equal.
-DEFAULTS = {
-    "model": "smollm2-135m",
-    "corpus": "pydoc-topics",
-    "docs": 8,
-    "seq_len": 2048,
-    "bucket_size": 128,
-    "samples_per_bucket": 4,
-    "heads": 300,
-    "seed": 0,
-    "device": "cpu",
-    "dtype": "auto",
-    "rope_scaling": None,
-}
-CAPTURE_KEYS = tuple(DEFAULTS)
+_CAPTURE_FIELDS = tuple(f.name for f in fields(CaptureOptions))
+_ANALYSIS_FIELDS = tuple(f.name for f in fields(AnalysisOptions))
 
 
 class RunError(QkplastError):
-    """A batch step failed; the message names the notebook and cell."""
+    """A batch step failed or a run directory holds other settings; the message names which and the fix."""
 
 
 @contextlib.contextmanager
@@ -76,70 +75,245 @@ def _quiet():
         transformers.logging.enable_progress_bar()
 
 
-#: capture parameter -> the capture attribute that records it (device and dtype may differ legitimately)
-_RECORDED = {"model": "model", "corpus": "corpus", "docs": "docs_requested", "seq_len": "seq_len",
-             "bucket_size": "bucket_size", "samples_per_bucket": "samples_per_bucket", "heads": "heads_requested",
-             "seed": "seed"}
+# --------------------------------------------------------------------------- parameters
 
 
-def _capture_mismatches(attrs: dict, params: dict) -> list[str]:
-    """Differences between a capture's recorded parameters and the requested ones."""
+def _literal(text: str):
+    """Parse a ``-p name value`` value: a Python literal (number, list, dict, quoted string) or a bare string."""
+    low = text.lower()
+    if low in ("true", "false", "none"):
+        return {"true": True, "false": False, "none": None}[low]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _parameters_cell(source: str) -> dict:
+    """Literal assignments of the cell tagged ``parameters`` in a py:percent notebook source."""
+    match = re.search(r'# %% tags=\["parameters"\]\n(.*?)(?=\n# %%|\Z)', source, re.S)
+    if not match:
+        return {}
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(match.group(1)).body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+
+
+def notebook_parameters(directory: Path = NOTEBOOK_DIR) -> dict:
+    """Every parameter the notebooks declare (name -> default), from their ``.py`` sources (or ``.ipynb``)."""
+    import nbformat
+
+    out = {}
+    for path in notebook_paths(directory):
+        py = path.with_suffix(".py")
+        if py.exists():
+            out.update(_parameters_cell(py.read_text()))
+            continue
+        nb = nbformat.read(path, 4)
+        cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        if cells:
+            out.update(_parameters_cell('# %% tags=["parameters"]\n' + cells[0].source))
+    return out
+
+
+def split_parameters(pairs, notebook_defaults: dict | None = None) -> tuple[dict, dict, dict]:
+    """Sort ``-p NAME VALUE`` pairs into capture options, analysis options and notebook parameters, typed.
+
+    A capture or analysis option is typed from its dataclass field, a notebook
+    parameter from its default (``-p n_boot 100`` is an int, ``-p checkpoints
+    "['a@r']"`` a list). ``seed`` is a capture option; the run's analysis uses it too.
+
+    Raises
+    ------
+    QkplastError
+        An unknown name (listing the valid ones) or a value of the wrong type.
+    """
+    notebook_defaults = notebook_parameters() if notebook_defaults is None else notebook_defaults
+    capture, analysis, notebook = {}, {}, {}
+    for name, text in pairs:
+        if name in _CAPTURE_FIELDS:
+            capture[name] = typed_option(CaptureOptions, name, text)
+        elif name in _ANALYSIS_FIELDS:
+            analysis[name] = typed_option(AnalysisOptions, name, text)
+        elif name in notebook_defaults and name != "run_dir":
+            default = notebook_defaults[name]
+            value = _literal(text) if not isinstance(default, str) else text
+            notebook[name] = value if default is None else coerce_value((type(default),), False, value, name)
+        else:
+            raise UnknownOptionError(
+                f"unknown parameter {name!r}: not a capture option ({', '.join(_CAPTURE_FIELDS)}), an analysis option "
+                f"({', '.join(_ANALYSIS_FIELDS)}) or a notebook parameter "
+                f"({', '.join(sorted(set(notebook_defaults) - {'run_dir'}))})"
+            )
+    return capture, analysis, notebook
+
+
+# --------------------------------------------------------------------------- captures
+
+
+def split_revision(model: str, revision: str | None = None) -> tuple[str, str | None]:
+    """``owner/name@rev`` -> ``("owner/name", "rev")``; an explicit ``revision`` must agree."""
+    try:
+        from .models import split_revision as split
+    except ImportError:  # before models.split_revision exists
+        name, _, rev = model.partition("@")
+        return name, revision or rev or None
+    return split(model, revision)
+
+
+def release_model(loaded) -> None:
+    """Drop a loaded model and give its memory back (``gc`` and ``torch.cuda.empty_cache``)."""
+    try:
+        from .models import release_model as release
+    except ImportError:
+        release = None
+    if release is not None:
+        release(loaded)
+        return
+    import torch
+
+    loaded.model = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _load(options: CaptureOptions):
+    from .models import load_model
+
+    name, revision = split_revision(options.model, options.revision)
+    return load_model(name, device=options.device, dtype=options.dtype, rope_scaling=options.rope_scaling,
+                      revision=revision, seq_len=options.seq_len)
+
+
+def capture_file(options: CaptureOptions, out, *, overwrite: bool = False, progress: bool = True, loaded=None):
+    """Capture ``options`` into ``out`` (resuming ``OUT.parts/``), with an already ``loaded`` model if given."""
+    from . import capture as cap
+
+    if "options" in inspect.signature(cap.run_capture).parameters:
+        return cap.run_capture(options, out, overwrite=overwrite, progress=progress, loaded=loaded)
+    # The keyword interface that preceded CaptureOptions (kept until capture.run_capture takes the options).
+    kw = {k: getattr(options, k) for k in ("bucket_size", "samples_per_bucket", "min_per_bucket", "heads", "seed",
+                                           "docs", "attn", "short_docs", "allow_unverified")}
+    if loaded is None:
+        name, revision = split_revision(options.model, options.revision)
+        return cap.run_capture(name, options.corpus, out, seq_len=options.seq_len, device=options.device,
+                               dtype=options.dtype, rope_scaling=options.rope_scaling, revision=revision,
+                               text_field=options.text_field, id_field=options.id_field, overwrite=overwrite,
+                               progress=progress, **kw)
+    from .corpus import open_corpus
+
+    corpus = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
+    seq_len = options.seq_len or min(loaded.info["max_positions"], 131072)
+    return cap.capture(loaded.model, loaded.tokenizer, corpus, out, seq_len=seq_len, model_info=loaded.info,
+                       overwrite=overwrite, progress=progress, **kw)
+
+
+def _check_windows(options: CaptureOptions) -> None:
+    """Tokenize the corpus (no weights) and fail when it cannot fill the windows, naming a corpus that can."""
+    if options.seq_len is None:
+        return  # the model's maximum: known once its config is read, checked by the capture itself
+    from transformers import AutoTokenizer
+
+    from .corpus import count_windows, open_corpus
+    from .models import DEFAULT_MODEL, prepare_default_model
+
+    name, revision = split_revision(options.model, options.revision)
+    source = str(prepare_default_model()) if name == DEFAULT_MODEL else name
+    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    try:
+        with _quiet():
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, local_files_only=offline)
+    except (OSError, ValueError):
+        return  # the model load reports why, in its own words
+    corpus = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
+    count_windows(corpus, tokenizer, options)
+
+
+# --------------------------------------------------------------------------- settings of a run directory
+
+
+def _manifest(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / "manifest.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{path} is not valid JSON ({exc.msg}); delete it or rerun with --overwrite") from exc
+
+
+def _write_manifest(run_dir: Path, manifest: dict) -> None:
+    path = Path(run_dir) / "manifest.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def run_settings(run_dir) -> tuple[CaptureOptions, AnalysisOptions]:
+    """The capture and analysis options a run directory was made with (the defaults when it is new)."""
+    manifest = _manifest(Path(run_dir)) or {}
+    capture = CaptureOptions(**{k: v for k, v in manifest.get("capture", {}).items() if k in _CAPTURE_FIELDS})
+    analysis = AnalysisOptions(**{k: v for k, v in manifest.get("analysis", {"seed": capture.seed}).items()
+                                  if k in _ANALYSIS_FIELDS})
+    return capture, analysis
+
+
+def _differences(recorded: dict, wanted: CaptureOptions) -> list[str]:
+    """Settings that change what is captured and differ between a recorded dict and ``wanted``."""
     from .models import parse_rope_scaling
 
-    wanted = {**params, "rope_scaling": parse_rope_scaling(params["rope_scaling"])}
-    recorded = {**_RECORDED, "rope_scaling": "rope_scaling"}
-    return [f"{k}: file has {attrs.get(a)!r}, asked {wanted[k]!r}" for k, a in recorded.items()
-            if attrs.get(a) != wanted[k]]
+    out = []
+    for name, value in wanted.result_key().items():
+        if name not in recorded or name in CAPTURE_EXECUTION_OPTIONS or (name == "dtype" and value == "auto"):
+            continue
+        have = recorded[name]
+        if name == "rope_scaling":
+            have, value = parse_rope_scaling(have), parse_rope_scaling(value)
+        elif have is not None:
+            with contextlib.suppress(QkplastError):
+                have = typed_option(CaptureOptions, name, have)
+        if have != value:
+            out.append(f"{name}: {recorded[name]!r} there, {getattr(wanted, name)!r} asked")
+    return out
 
 
-def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **params) -> xr.Dataset:
-    """Open ``RUN/capture.nc``, or capture it first with ``params`` (keys of :data:`DEFAULTS`).
+def _check_same_capture(run_dir: Path, wanted: CaptureOptions) -> None:
+    manifest = _manifest(run_dir)
+    if manifest is None or "capture" not in manifest:
+        return
+    diff = _differences(manifest["capture"], wanted)
+    if diff:
+        raise RunError(f"{run_dir} was made with other capture settings ({'; '.join(diff)}); "
+                       "use another run directory (--out) or --overwrite")
 
-    ``revision`` selects a hub revision of ``model`` (a training checkpoint).
-    The capture streams to ``RUN/capture.nc.parts/`` and resumes if interrupted.
-    An existing capture made with other parameters is an error, never silently reused.
-    """
-    params = {**DEFAULTS, **params}
-    unknown = sorted(set(params) - set(CAPTURE_KEYS))
-    if unknown:
-        raise TypeError(f"unknown capture parameter(s) {unknown}; valid: {list(CAPTURE_KEYS)}")
-    run_dir = Path(run_dir)
+
+def _ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions, *, loaded=None,
+                    progress: bool = False) -> Path:
+    """``RUN/capture.nc`` for ``options``: reused when present (refused if made otherwise), else captured."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _check_same_capture(run_dir, options)
     path = run_dir / "capture.nc"
     if not path.exists():
-        from .capture import run_capture
-
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with _quiet():
-            run_capture(params["model"], params["corpus"], path, seq_len=params["seq_len"], device=params["device"],
-                        dtype=params["dtype"], rope_scaling=params["rope_scaling"], revision=revision, bucket_size=params["bucket_size"],
-                        samples_per_bucket=params["samples_per_bucket"], heads=params["heads"], seed=params["seed"],
-                        docs=params["docs"], progress=False)
-    cap = open_capture(path)
-    diff = _capture_mismatches(cap.attrs, params)
-    if diff:
-        raise CaptureError(f"{path} was captured with other parameters ({'; '.join(diff)}); "
-                           "use another run directory or delete it")
-    return cap
+        capture_file(options, path, progress=progress, loaded=loaded)
+    manifest = _manifest(run_dir) or {}
+    if "capture" not in manifest:
+        attrs = open_dataset(path).attrs
+        manifest.update(capture=options.to_dict(), analysis=analysis.to_dict(), commit=attrs.get("commit"),
+                        status=manifest.get("status", "captured"))
+        _write_manifest(run_dir, manifest)
+    return path
 
 
-def _cached_path(run_dir: Path, stem: str, key: dict, read_key) -> Path:
-    """``RUN/STEM.nc`` for the run's own settings; another setting gets ``RUN/STEM-<hash>.nc``.
-
-    So an analysis with other options (a notebook comparing against the thesis defaults, say) never
-    overwrites the run's main results.
-    """
-    main = run_dir / f"{stem}.nc"
-    if not main.exists() or read_key(main) == key:
-        return main
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return run_dir / f"{stem}-{digest}.nc"
+# --------------------------------------------------------------------------- what notebooks call
 
 
 def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) -> tuple[xr.Dataset, list[str]]:
     """Open the run's metrics if they were made with these options, else analyse and save them.
 
-    Returns the metrics and the analysis warnings as text (the notebooks print
-    them, so they appear in the output without machine-specific file paths).
+    ``RUN/metrics.nc`` holds the run's own options; another setting goes to
+    ``RUN/metrics-<hash>.nc`` and never overwrites them. Returns the metrics and
+    the analysis warnings as text (the notebooks print them, so they appear in
+    the output without machine-specific file paths).
     """
     from .analyze import analyze
 
@@ -158,6 +332,15 @@ def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) 
     return metrics, messages
 
 
+def _cached_path(run_dir: Path, stem: str, key: dict, read_key) -> Path:
+    """``RUN/STEM.nc`` for the run's own settings; another setting gets ``RUN/STEM-<hash>.nc``."""
+    main = run_dir / f"{stem}.nc"
+    if not main.exists() or read_key(main) == key:
+        return main
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return run_dir / f"{stem}-{digest}.nc"
+
+
 def load_or_bootstrap(run_dir: str | os.PathLike, capture: xr.Dataset, n_boot: int = 40, seed: int = 0,
                       **options) -> xr.Dataset:
     """Open the run's bootstrap if it was made with these settings, else compute and save it."""
@@ -172,6 +355,99 @@ def load_or_bootstrap(run_dir: str | os.PathLike, capture: xr.Dataset, n_boot: i
     ds.attrs["key"] = key
     save_dataset(ds, path, overwrite=True)
     return ds
+
+
+@dataclass
+class Run:
+    """What a notebook needs from a run directory (see :func:`load_run`).
+
+    Attributes
+    ----------
+    dir : Path
+    options : CaptureOptions
+        The settings the capture was made with.
+    analysis : AnalysisOptions
+    capture, metrics : xarray.Dataset
+    notes : list of str
+        Warnings of the analysis, as text.
+    """
+
+    dir: Path
+    options: CaptureOptions
+    analysis: AnalysisOptions
+    capture: xr.Dataset
+    metrics: xr.Dataset
+    notes: list[str]
+
+    def bootstrap(self, n_boot: int = 40) -> xr.Dataset:
+        """Bootstrap over documents with the run's analysis options (cached in the run directory)."""
+        opts = {k: v for k, v in self.analysis.to_dict().items() if k != "seed"}
+        return load_or_bootstrap(self.dir, self.capture, n_boot=n_boot, seed=self.analysis.seed, **opts)
+
+    def on_corpus(self, corpus: str, subdir: str = CODE_DIR) -> "Run":
+        """The same capture and analysis settings on another corpus, in ``RUN/<subdir>`` (notebook 09's code)."""
+        return _open_run(self.dir / subdir, replace(self.options, corpus=corpus), self.analysis)
+
+
+def _open_run(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions) -> Run:
+    with _quiet():
+        path = _ensure_capture(run_dir, options, analysis)
+    capture = open_capture(path)
+    metrics, notes = load_or_analyze(run_dir, capture, **analysis.to_dict())
+    return Run(run_dir, options, analysis, capture, metrics, notes)
+
+
+def _overrides(namespace: dict | None, overrides: dict) -> tuple[dict, dict]:
+    given = {k: v for k, v in (namespace or {}).items() if k in _CAPTURE_FIELDS + _ANALYSIS_FIELDS}
+    given.update(overrides)
+    unknown = sorted(set(overrides) - set(_CAPTURE_FIELDS + _ANALYSIS_FIELDS))
+    if unknown:
+        raise UnknownOptionError(f"unknown option(s) {unknown}: neither CaptureOptions nor AnalysisOptions fields")
+    capture = {k: v for k, v in given.items() if k in _CAPTURE_FIELDS}
+    analysis = {k: v for k, v in given.items() if k in _ANALYSIS_FIELDS and k != "seed"}
+    if "seed" in given:
+        analysis["seed"] = given["seed"]
+    return capture, analysis
+
+
+def load_run(run_dir: str | os.PathLike, namespace: dict | None = None, **overrides) -> Run:
+    """The capture, metrics and options of a run directory, for a notebook.
+
+    Settings come from ``RUN/manifest.json`` (written by ``qkplast run``), or the
+    :class:`CaptureOptions` / :class:`AnalysisOptions` defaults when the run is
+    new, in which case the capture is made here (the model loads inside this
+    process) and a manifest records its settings for the next notebook.
+    Overrides come from ``namespace`` (a notebook passes ``globals()``, so
+    papermill ``-p seq_len 1024`` takes effect) and keyword arguments; a capture
+    setting that differs from the existing capture is an error, never mixed.
+    Metrics are cached per analysis options (see :func:`load_or_analyze`).
+    """
+    run_dir = Path(run_dir)
+    capture, analysis = run_settings(run_dir)
+    cap_over, ana_over = _overrides(namespace, overrides)
+    if "seed" in cap_over and "seed" not in ana_over:
+        ana_over["seed"] = cap_over["seed"]
+    return _open_run(run_dir, replace(capture, **cap_over), replace(analysis, **ana_over))
+
+
+def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **params) -> xr.Dataset:
+    """Open ``RUN/capture.nc``, or capture it first (kept for notebooks written before :func:`load_run`).
+
+    ``params`` are :class:`CaptureOptions` fields over the run's settings; other settings than the existing
+    capture's are an error.
+    """
+    if revision is not None:
+        params["revision"] = revision
+    run_dir = Path(run_dir)
+    options = CaptureOptions.from_kwargs(run_settings(run_dir)[0], **params)
+    with _quiet():
+        path = _ensure_capture(run_dir, options, AnalysisOptions(seed=options.seed))
+    cap = open_capture(path)
+    diff = _differences(cap.attrs, options)
+    if diff:
+        raise CaptureError(f"{path} was captured with other parameters ({'; '.join(diff)}); "
+                           "use another run directory or delete it")
+    return cap
 
 
 # --------------------------------------------------------------------------- qkplast run
@@ -194,68 +470,140 @@ def _versions() -> dict:
     return out
 
 
-def _literal(text: str):
-    """Parse a ``-p name value`` value: a Python literal (number, list, dict, quoted string) or a bare string."""
-    low = text.lower()
-    if low in ("true", "false", "none"):
-        return {"true": True, "false": False, "none": None}[low]
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
 @dataclass
 class RunResult:
     run_dir: Path
     manifest: dict
 
 
-def run(model: str, out: str | os.PathLike | None = None, *, device: str = "cpu", parameters: dict | None = None,
-        notebooks: list[Path] | None = None, overwrite: bool = False, progress: bool = True) -> RunResult:
-    """Capture, analyse and execute every notebook for ``model``; write a manifest.
+def _default_out(capture: CaptureOptions) -> Path:
+    return Path("runs") / capture.model.replace("/", "__").replace("@", "--")
 
-    ``parameters`` are passed to every notebook (papermill ``-p``); those that
-    a notebook does not declare are ignored by it. A failing notebook raises
-    :class:`RunError` naming the notebook, the cell and the error; the
-    manifest then records the failure.
+
+def _targets(out: Path, capture: CaptureOptions, parameters: dict) -> list[tuple[Path, CaptureOptions]]:
+    """Every capture the notebooks read: the run's own and the code corpus's of notebook 09."""
+    code = replace(capture, corpus=parameters.get("code_corpus", CODE_CORPUS))
+    return [(out, capture), (out / CODE_DIR, code)]
+
+
+def _capture_stage(targets, analysis: AnalysisOptions, progress: bool) -> None:
+    """Every missing capture with one model load, released before returning; corpora checked before the load."""
+    for run_dir, options in targets:
+        _check_same_capture(run_dir, options)
+    missing = [(d, o) for d, o in targets if not (d / "capture.nc").exists()]
+    for _, options in missing:
+        _check_windows(options)
+    loaded = _load(missing[0][1]) if missing else None
+    try:
+        for run_dir, options in targets:
+            if progress and (run_dir, options) in missing:
+                print(f"[qkplast run] capture: {options.corpus}, {options.docs} windows of {options.seq_len} tokens "
+                      f"-> {run_dir / 'capture.nc'}", file=sys.stderr, flush=True)
+            _ensure_capture(run_dir, options, analysis, loaded=loaded, progress=progress)
+    finally:
+        if loaded is not None:
+            release_model(loaded)
+            del loaded
+            gc.collect()
+
+
+def _source_digest(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:16]
+
+
+def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = None, *,
+        analysis: AnalysisOptions | None = None, parameters: dict | None = None, stage: str = "notebooks",
+        overwrite: bool = False, progress: bool = True, notebooks: list[Path] | None = None) -> RunResult:
+    """Capture, analyse and execute every notebook for one capture setting; write a manifest.
+
+    Parameters
+    ----------
+    capture : CaptureOptions, optional
+        The capture settings (default: those of an existing run directory, else
+        the :class:`CaptureOptions` defaults).
+    out : path, optional
+        Run directory (default ``runs/<model>``).
+    analysis : AnalysisOptions, optional
+        Analysis options of the run (default: those of an existing run directory,
+        else the thesis defaults with the capture's seed).
+    parameters : dict, optional
+        Notebook parameters (``n_boot``, ``code_corpus``, ...), passed to every notebook.
+    stage : {"capture", "analyze", "notebooks"}
+        Stop after this stage.
+    overwrite : bool
+        Delete an existing run directory first; otherwise a rerun reuses what is
+        finished (captures, analyses, notebooks whose source and parameters did
+        not change) and refuses other capture or analysis settings.
+    progress : bool
+        Progress per document (with ETA) during the captures, per cell in the notebooks.
+    notebooks : list of Path, optional
+        Notebooks to execute (default: every ``notebooks/NN_*.ipynb``).
+
+    Raises
+    ------
+    RunError
+        A failing notebook (naming it, the cell and the error; the manifest records
+        the failure) or a run directory made with other settings.
     """
     import papermill as pm
 
-    out = Path(out or Path("runs") / model.replace("/", "__"))
-    params = {**DEFAULTS, **(parameters or {}), "model": model, "device": device}
-    nb_out = out / "notebooks"
+    if stage not in STAGES:
+        raise RunError(f"stage must be one of {STAGES}, got {stage!r}")
+    out = Path(out or _default_out(capture or CaptureOptions()))
     if out.exists() and overwrite:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    nb_out.mkdir(exist_ok=True)
-    manifest = {"model": model, "device": device, "parameters": params, "versions": _versions(),
-                "command": sys.argv, "timings_s": {}, "notebooks": [], "status": "running"}
-    if device.startswith("cuda"):
+    recorded_capture, recorded_analysis = run_settings(out)
+    capture = capture or recorded_capture
+    _check_same_capture(out, capture)
+    previous = _manifest(out) or {}
+    analysis = analysis or (recorded_analysis if previous.get("analysis") else AnalysisOptions(seed=capture.seed))
+    parameters = dict(parameters or {})
+    if previous.get("analysis") and AnalysisOptions(**previous["analysis"]).result_key() != analysis.result_key():
+        raise RunError(f"{out} was analysed with other options; use another run directory (--out) or --overwrite")
+    manifest = {"capture": capture.to_dict(), "analysis": analysis.to_dict(), "parameters": parameters,
+                "versions": _versions(), "command": sys.argv, "commit": previous.get("commit"),
+                "timings_s": dict(previous.get("timings_s", {})), "notebooks": list(previous.get("notebooks", [])),
+                "stage": stage, "status": "running"}
+    if capture.device.startswith("cuda"):
         import torch
 
         manifest["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
-    def write_manifest():
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
-
-    capture_params = {k: v for k, v in params.items() if k in CAPTURE_KEYS}
+    targets = _targets(out, capture, parameters)
+    _write_manifest(out, {**previous, **manifest})
     t0 = time.perf_counter()
-    cap = load_or_capture(out, **capture_params)
+    _capture_stage(targets, analysis, progress)
     manifest["timings_s"]["capture"] = round(time.perf_counter() - t0, 2)
-    # analysis options given as -p NAME VALUE reach every notebook as its `analysis` parameter
-    analysis = {**params.pop("analysis", {}),
-                **{k: v for k, v in params.items() if k in AnalysisOptions.__dataclass_fields__ and k != "seed"}}
-    params["analysis"] = analysis
-    t0 = time.perf_counter()
-    load_or_analyze(out, cap, seed=params["seed"], **analysis)
-    manifest["timings_s"]["analyze"] = round(time.perf_counter() - t0, 2)
-    write_manifest()
+    manifest["commit"] = open_dataset(out / "capture.nc").attrs.get("commit")
+    _write_manifest(out, manifest)
+    if stage == "capture":
+        return _finish(out, manifest)
 
-    nb_params = {**params, "run_dir": str(out.resolve())}
-    for path in notebooks or notebook_paths():
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    for run_dir, _ in targets:
+        load_or_analyze(run_dir, open_capture(run_dir / "capture.nc"), **analysis.to_dict())
+    manifest["timings_s"]["analyze"] = round(time.perf_counter() - t0, 2)
+    _write_manifest(out, manifest)
+    if stage == "analyze":
+        return _finish(out, manifest)
+
+    nb_out = out / "notebooks"
+    nb_out.mkdir(exist_ok=True)
+    nb_params = {**parameters, "run_dir": str(out.resolve())}
+    done = {e["name"]: e for e in manifest["notebooks"] if e.get("status") == "ok"}
+    manifest["notebooks"] = []
+    paths = notebooks or notebook_paths()
+    for i, path in enumerate(paths, 1):
         target = nb_out / path.name
+        digest = _source_digest(path)
+        entry = done.get(path.name)
+        if entry and entry.get("source") == digest and entry.get("parameters") == nb_params and target.exists():
+            manifest["notebooks"].append(entry)
+            continue
+        if progress:
+            print(f"[qkplast run] notebook {i}/{len(paths)}: {path.name}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         try:
             pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(path.parent),
                                 progress_bar=progress, kernel_name="python3")
@@ -263,15 +611,20 @@ def run(model: str, out: str | os.PathLike | None = None, *, device: str = "cpu"
             manifest["status"] = "failed"
             manifest["notebooks"].append({"name": path.name, "status": "failed", "cell": exc.exec_count,
                                           "error": f"{exc.ename}: {exc.evalue}"})
-            write_manifest()
-            raise RunError(f"notebook {path.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
+            _write_manifest(out, manifest)
+            raise RunError(f"notebook {path.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
                            f"(executed copy with the traceback: {target})") from exc
-        manifest["notebooks"].append({"name": path.name, "status": "ok",
-                                      "seconds": round(time.perf_counter() - t0, 2)})
-        manifest["timings_s"][path.stem] = round(time.perf_counter() - t0, 2)
-        write_manifest()
+        seconds = round(time.perf_counter() - t0, 2)
+        manifest["notebooks"].append({"name": path.name, "status": "ok", "seconds": seconds, "source": digest,
+                                      "parameters": nb_params})
+        manifest["timings_s"][path.stem] = seconds
+        _write_manifest(out, manifest)
+    return _finish(out, manifest)
+
+
+def _finish(out: Path, manifest: dict) -> RunResult:
     manifest["status"] = "ok"
-    write_manifest()
+    _write_manifest(out, manifest)
     return RunResult(out, manifest)
 
 
@@ -327,5 +680,6 @@ def context_profiles(run_dirs: list[str | os.PathLike]) -> xr.DataArray:
     return xr.concat(profiles, "run")
 
 
-__all__ = ["DEFAULTS", "RunError", "compare", "context_profiles", "load_or_analyze", "load_or_bootstrap",
-           "load_or_capture", "run", "summarize"]
+__all__ = ["Run", "RunError", "RunResult", "capture_file", "compare", "context_profiles", "load_or_analyze",
+           "load_or_bootstrap", "load_or_capture", "load_run", "notebook_parameters", "release_model", "run",
+           "run_settings", "split_parameters", "summarize"]
