@@ -23,7 +23,6 @@ import ast
 import contextlib
 import gc
 import hashlib
-import inspect
 import io
 import json
 import os
@@ -150,83 +149,37 @@ def split_parameters(pairs, notebook_defaults: dict | None = None) -> tuple[dict
 # --------------------------------------------------------------------------- captures
 
 
-def split_revision(model: str, revision: str | None = None) -> tuple[str, str | None]:
-    """``owner/name@rev`` -> ``("owner/name", "rev")``; an explicit ``revision`` must agree."""
-    try:
-        from .models import split_revision as split
-    except ImportError:  # before models.split_revision exists
-        name, _, rev = model.partition("@")
-        return name, revision or rev or None
-    return split(model, revision)
-
-
 def release_model(loaded) -> None:
-    """Drop a loaded model and give its memory back (``gc`` and ``torch.cuda.empty_cache``)."""
-    try:
-        from .models import release_model as release
-    except ImportError:
-        release = None
-    if release is not None:
-        release(loaded)
-        return
-    import torch
+    """Give a loaded model's memory back (see :func:`qkplast.models.release_model`)."""
+    from .models import release_model as release
 
-    loaded.model = None
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release(loaded)
 
 
 def _load(options: CaptureOptions):
     from .models import load_model
 
-    name, revision = split_revision(options.model, options.revision)
-    return load_model(name, device=options.device, dtype=options.dtype, rope_scaling=options.rope_scaling,
-                      revision=revision, seq_len=options.seq_len)
+    return load_model(options.model, device=options.device, dtype=options.dtype, rope_scaling=options.rope_scaling,
+                      revision=options.revision, seq_len=options.seq_len)
 
 
 def capture_file(options: CaptureOptions, out, *, overwrite: bool = False, progress: bool = True, loaded=None):
     """Capture ``options`` into ``out`` (resuming ``OUT.parts/``), with an already ``loaded`` model if given."""
-    from . import capture as cap
+    from .capture import run_capture
 
-    if "options" in inspect.signature(cap.run_capture).parameters:
-        return cap.run_capture(options, out, overwrite=overwrite, progress=progress, loaded=loaded)
-    # The keyword interface that preceded CaptureOptions (kept until capture.run_capture takes the options).
-    kw = {k: getattr(options, k) for k in ("bucket_size", "samples_per_bucket", "min_per_bucket", "heads", "seed",
-                                           "docs", "attn", "short_docs", "allow_unverified")}
-    if loaded is None:
-        name, revision = split_revision(options.model, options.revision)
-        return cap.run_capture(name, options.corpus, out, seq_len=options.seq_len, device=options.device,
-                               dtype=options.dtype, rope_scaling=options.rope_scaling, revision=revision,
-                               text_field=options.text_field, id_field=options.id_field, overwrite=overwrite,
-                               progress=progress, **kw)
-    from .corpus import open_corpus
-
-    corpus = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
-    seq_len = options.seq_len or min(loaded.info["max_positions"], 131072)
-    return cap.capture(loaded.model, loaded.tokenizer, corpus, out, seq_len=seq_len, model_info=loaded.info,
-                       overwrite=overwrite, progress=progress, **kw)
+    return run_capture(options, out, overwrite=overwrite, progress=progress, loaded=loaded)
 
 
 def _check_windows(options: CaptureOptions) -> None:
-    """Tokenize the corpus (no weights) and fail when it cannot fill the windows, naming a corpus that can."""
-    if options.seq_len is None:
-        return  # the model's maximum: known once its config is read, checked by the capture itself
-    from transformers import AutoTokenizer
-
-    from .corpus import count_windows, open_corpus
-    from .models import DEFAULT_MODEL, prepare_default_model
+    """Everything checkable without weights (config, kernel, and the corpus filling the windows), in seconds."""
+    from .corpus import open_corpus
+    from .models import split_revision
+    from .plan import preflight
 
     name, revision = split_revision(options.model, options.revision)
-    source = str(prepare_default_model()) if name == DEFAULT_MODEL else name
-    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    try:
-        with _quiet():
-            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, local_files_only=offline)
-    except (OSError, ValueError):
-        return  # the model load reports why, in its own words
-    corpus = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
-    count_windows(corpus, tokenizer, options)
+    documents = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
+    with _quiet():
+        preflight(replace(options, model=name, revision=revision), documents)
 
 
 # --------------------------------------------------------------------------- settings of a run directory
@@ -249,13 +202,19 @@ def _write_manifest(run_dir: Path, manifest: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_settings(run_dir) -> tuple[CaptureOptions, AnalysisOptions]:
-    """The capture and analysis options a run directory was made with (the defaults when it is new)."""
+def run_settings(run_dir, namespace: dict | None = None, **overrides) -> tuple[CaptureOptions, AnalysisOptions]:
+    """The capture and analysis options a run directory was made with (the defaults when it is new).
+
+    ``namespace`` (a notebook's ``globals()``) and ``overrides`` replace fields by name, as in :func:`load_run`.
+    """
     manifest = _manifest(Path(run_dir)) or {}
     capture = CaptureOptions(**{k: v for k, v in manifest.get("capture", {}).items() if k in _CAPTURE_FIELDS})
     analysis = AnalysisOptions(**{k: v for k, v in manifest.get("analysis", {"seed": capture.seed}).items()
                                   if k in _ANALYSIS_FIELDS})
-    return capture, analysis
+    cap_over, ana_over = _overrides(namespace, overrides)
+    if "seed" in cap_over and "seed" not in ana_over:
+        ana_over["seed"] = cap_over["seed"]
+    return replace(capture, **cap_over), replace(analysis, **ana_over)
 
 
 def _differences(recorded: dict, wanted: CaptureOptions) -> list[str]:
@@ -277,6 +236,14 @@ def _differences(recorded: dict, wanted: CaptureOptions) -> list[str]:
     return out
 
 
+def _normalized(options: CaptureOptions) -> CaptureOptions:
+    """``owner/name@rev`` split into ``model`` and ``revision``, as the capture attrs record them."""
+    from .models import split_revision
+
+    name, revision = split_revision(options.model, options.revision)
+    return replace(options, model=name, revision=revision)
+
+
 def _check_same_capture(run_dir: Path, wanted: CaptureOptions) -> None:
     manifest = _manifest(run_dir)
     if manifest is None or "capture" not in manifest:
@@ -290,6 +257,7 @@ def _check_same_capture(run_dir: Path, wanted: CaptureOptions) -> None:
 def _ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions, *, loaded=None,
                     progress: bool = False) -> Path:
     """``RUN/capture.nc`` for ``options``: reused when present (refused if made otherwise), else captured."""
+    options = _normalized(options)
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_same_capture(run_dir, options)
     path = run_dir / "capture.nc"
@@ -384,6 +352,12 @@ class Run:
         opts = {k: v for k, v in self.analysis.to_dict().items() if k != "seed"}
         return load_or_bootstrap(self.dir, self.capture, n_boot=n_boot, seed=self.analysis.seed, **opts)
 
+    @property
+    def analysis_overrides(self) -> dict:
+        """The analysis options that differ from the defaults, without ``seed`` (for functions taking keywords)."""
+        default = AnalysisOptions().to_dict()
+        return {k: v for k, v in self.analysis.to_dict().items() if k != "seed" and v != default[k]}
+
     def on_corpus(self, corpus: str, subdir: str = CODE_DIR) -> "Run":
         """The same capture and analysis settings on another corpus, in ``RUN/<subdir>`` (notebook 09's code)."""
         return _open_run(self.dir / subdir, replace(self.options, corpus=corpus), self.analysis)
@@ -423,11 +397,8 @@ def load_run(run_dir: str | os.PathLike, namespace: dict | None = None, **overri
     Metrics are cached per analysis options (see :func:`load_or_analyze`).
     """
     run_dir = Path(run_dir)
-    capture, analysis = run_settings(run_dir)
-    cap_over, ana_over = _overrides(namespace, overrides)
-    if "seed" in cap_over and "seed" not in ana_over:
-        ana_over["seed"] = cap_over["seed"]
-    return _open_run(run_dir, replace(capture, **cap_over), replace(analysis, **ana_over))
+    capture, analysis = run_settings(run_dir, namespace, **overrides)
+    return _open_run(run_dir, _normalized(capture), analysis)
 
 
 def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **params) -> xr.Dataset:
@@ -439,7 +410,7 @@ def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **p
     if revision is not None:
         params["revision"] = revision
     run_dir = Path(run_dir)
-    options = CaptureOptions.from_kwargs(run_settings(run_dir)[0], **params)
+    options = _normalized(CaptureOptions.from_kwargs(run_settings(run_dir)[0], **params))
     with _quiet():
         path = _ensure_capture(run_dir, options, AnalysisOptions(seed=options.seed))
     cap = open_capture(path)
@@ -481,30 +452,43 @@ def _default_out(capture: CaptureOptions) -> Path:
 
 
 def _targets(out: Path, capture: CaptureOptions, parameters: dict) -> list[tuple[Path, CaptureOptions]]:
-    """Every capture the notebooks read: the run's own and the code corpus's of notebook 09."""
-    code = replace(capture, corpus=parameters.get("code_corpus", CODE_CORPUS))
-    return [(out, capture), (out / CODE_DIR, code)]
+    """Every capture the notebooks read: the run's own, the code corpus's (notebook 09) and the checkpoints'
+    (notebook 10, in ``RUN/checkpoints/<owner__name--revision>`` as :func:`qkplast.results.checkpoint_metrics` reads)."""
+    targets = [(out, capture), (out / CODE_DIR, replace(capture, corpus=parameters.get("code_corpus", CODE_CORPUS)))]
+    for ckpt in parameters.get("checkpoints") or []:
+        model, _, revision = ckpt.partition("@")
+        slug = ckpt.replace("/", "__").replace("@", "--")
+        targets.append((out / "checkpoints" / slug, replace(capture, model=model, revision=revision or None)))
+    return targets
 
 
-def _capture_stage(targets, analysis: AnalysisOptions, progress: bool) -> None:
-    """Every missing capture with one model load, released before returning; corpora checked before the load."""
+def _capture_stage(targets, analysis: AnalysisOptions, progress: bool) -> int:
+    """Every missing capture, one load per model (released before the next and before returning).
+
+    The corpora are checked (tokenizer only) before any weights load. Returns the number of model loads.
+    """
     for run_dir, options in targets:
         _check_same_capture(run_dir, options)
     missing = [(d, o) for d, o in targets if not (d / "capture.nc").exists()]
     for _, options in missing:
         _check_windows(options)
-    loaded = _load(missing[0][1]) if missing else None
-    try:
-        for run_dir, options in targets:
-            if progress and (run_dir, options) in missing:
-                print(f"[qkplast run] capture: {options.corpus}, {options.docs} windows of {options.seq_len} tokens "
-                      f"-> {run_dir / 'capture.nc'}", file=sys.stderr, flush=True)
-            _ensure_capture(run_dir, options, analysis, loaded=loaded, progress=progress)
-    finally:
-        if loaded is not None:
+    from .models import split_revision
+
+    models = list(dict.fromkeys(split_revision(o.model, o.revision) for _, o in missing))
+    for model in models:
+        group = [(d, o) for d, o in missing if split_revision(o.model, o.revision) == model]
+        loaded = _load(group[0][1])
+        try:
+            for run_dir, options in group:
+                if progress:
+                    print(f"[qkplast run] capture: {options.corpus}, {options.docs} windows of {options.seq_len} "
+                          f"tokens -> {run_dir / 'capture.nc'}", file=sys.stderr, flush=True)
+                _ensure_capture(run_dir, options, analysis, loaded=loaded, progress=progress)
+        finally:
             release_model(loaded)
             del loaded
             gc.collect()
+    return len(models)
 
 
 def _source_digest(path: Path) -> str:
@@ -554,7 +538,7 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     recorded_capture, recorded_analysis = run_settings(out)
-    capture = capture or recorded_capture
+    capture = _normalized(capture or recorded_capture)
     _check_same_capture(out, capture)
     previous = _manifest(out) or {}
     analysis = analysis or (recorded_analysis if previous.get("analysis") else AnalysisOptions(seed=capture.seed))
