@@ -346,11 +346,36 @@ def _check_cached_revision(repo: str, revision: str) -> None:
         return
     if try_to_load_from_cache(repo, "config.json", revision=revision) is None:
         known = sorted(p.name for p in (repo_dir / "refs").glob("*")) if (repo_dir / "refs").is_dir() else []
+        instead = f", or name a cached revision ({repo}@{known[0]})" if known else ""
         raise ModelError(
             f"revision {revision!r} of {repo!r} is not in the local hub cache {constants.HF_HUB_CACHE} and the hub is "
             f"offline (cached revisions: {', '.join(known) or 'none'}); fetch it once online with "
-            f"'huggingface-cli download {repo} --revision {revision}', or name a cached revision ({repo}@main)"
+            f"'huggingface-cli download {repo} --revision {revision}'{instead}"
         )
+
+
+def _snapshot_commit(path: str | None) -> str | None:
+    """The commit of a file resolved inside a hub cache (``.../snapshots/<commit>/<file>``), else None."""
+    if not isinstance(path, str):
+        return None
+    parts = Path(path).parts
+    if "snapshots" in parts[:-1]:
+        commit = parts[parts.index("snapshots") + 1]
+        if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
+            return commit
+    return None
+
+
+def _resolved_commit(source: str, info: dict, config) -> str | None:
+    """The commit the model resolved to: the config's own record, else the hub cache's snapshot directory."""
+    commit = getattr(config, "_commit_hash", None)
+    if commit:
+        return commit
+    if info.get("source") == "hugging face hub":
+        from huggingface_hub import try_to_load_from_cache
+
+        return _snapshot_commit(try_to_load_from_cache(source, "config.json", revision=info["revision"]))
+    return _snapshot_commit(str(Path(source) / "config.json"))
 
 
 def _resolve(name: str, revision: str | None, local_files_only: bool) -> tuple[str, dict]:
@@ -372,8 +397,8 @@ def _resolve(name: str, revision: str | None, local_files_only: bool) -> tuple[s
     elif _looks_like_hub_id(name):
         source = name
         info.update(source="hugging face hub", path=name)
-        if revision is not None and local_files_only:
-            _check_cached_revision(name, revision)
+        if local_files_only:
+            _check_cached_revision(name, revision or "main")
     else:
         raise ModelError(
             f"unknown model {name!r}: not the alias {DEFAULT_MODEL!r}, not an existing directory, "
@@ -405,7 +430,7 @@ def load_config(
         config = AutoConfig.from_pretrained(source, revision=info["revision"], local_files_only=local_files_only)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load the config of model {info['model']!r}: {_first_line(exc)}") from exc
-    info["commit"] = getattr(config, "_commit_hash", None)
+    info["commit"] = _resolved_commit(source, info, config)
     scaling = parse_rope_scaling(rope_scaling)
     if scaling is not None:
         _apply_rope_scaling(config, scaling)
