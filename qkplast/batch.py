@@ -97,20 +97,21 @@ def _parameters_cell(source: str) -> dict:
             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
 
 
-def notebook_parameters(directory: Path = NOTEBOOK_DIR) -> dict:
-    """Every parameter the notebooks declare (name -> default), from their ``.py`` sources (or ``.ipynb``)."""
+def _declared_parameters(path: Path) -> dict:
+    """The parameters one notebook declares (name -> default), from its ``.ipynb`` (what papermill runs)."""
     import nbformat
 
+    nb = nbformat.read(path, 4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    return _parameters_cell('# %% tags=["parameters"]\n' + cells[0].source) if cells else {}
+
+
+def notebook_parameters(directory: Path = NOTEBOOK_DIR) -> dict:
+    """Every parameter the notebooks declare (name -> default), from their ``.py`` sources (or ``.ipynb``)."""
     out = {}
     for path in notebook_paths(directory):
         py = path.with_suffix(".py")
-        if py.exists():
-            out.update(_parameters_cell(py.read_text()))
-            continue
-        nb = nbformat.read(path, 4)
-        cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-        if cells:
-            out.update(_parameters_cell('# %% tags=["parameters"]\n' + cells[0].source))
+        out.update(_parameters_cell(py.read_text()) if py.exists() else _declared_parameters(path))
     return out
 
 
@@ -574,11 +575,13 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
 
     nb_out = out / "notebooks"
     nb_out.mkdir(exist_ok=True)
-    nb_params = {**parameters, "run_dir": str(out.resolve())}
     done = {e["name"]: e for e in manifest["notebooks"] if e.get("status") == "ok"}
     manifest["notebooks"] = []
     paths = notebooks or notebook_paths()
     for i, path in enumerate(paths, 1):
+        # each notebook gets the parameters it declares (papermill warns about the others)
+        declared = _declared_parameters(path)
+        nb_params = {**{k: v for k, v in parameters.items() if k in declared}, "run_dir": str(out.resolve())}
         target = nb_out / path.name
         digest = _source_digest(path)
         entry = done.get(path.name)
