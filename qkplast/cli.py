@@ -186,11 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """What the catch site reports in one line: qkplast's own errors, file errors and a missing optional package."""
-    from .models import ModelError  # a QkplastError once models.py derives it; listed so it is caught meanwhile
-
-    return (QkplastError, ModelError, OSError, ImportError)
+#: What the catch site reports in one line: qkplast's own errors, file errors and a missing optional package.
+_USER_ERRORS = (QkplastError, OSError, ImportError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         command = f"qkplast {args.command}"
         return args.func(args)
     except Exception as exc:
-        if not isinstance(exc, _user_errors()):
+        if not isinstance(exc, _USER_ERRORS):
             raise
         command = getattr(exc, "prog", command)
         message = " ".join(str(exc).split()) or type(exc).__name__

@@ -144,3 +144,22 @@ def test_run_parameter_values_are_python_literals():
     assert _literal("16") == 16 and _literal("0.5") == 0.5 and _literal("True") is True and _literal("none") is None
     assert _literal("['a@r1', 'b']") == ["a@r1", "b"] and _literal('{"covariance": "full"}') == {"covariance": "full"}
     assert _literal("stdlib-code") == "stdlib-code" and _literal("yarn:4:32768") == "yarn:4:32768"
+
+
+@pytest.mark.integration
+def test_dry_run_prints_the_plan_and_captures_nothing(tmp_path, capsys):
+    """The planner reads config and tokenizer only: windows, heads, expected peak, verdict; no run directory."""
+    out = tmp_path / "run"
+    assert main(["run", "--dry-run", "--preset", "fast", "--docs", "3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "windows (yielded / wanted)  3 / 3" in text and "2048 / 128 (16 buckets)" in text
+    assert "verdict                     fits" in text and "dry run: nothing captured" in text
+    assert not out.exists()
+
+
+@pytest.mark.integration
+def test_dry_run_refuses_what_does_not_fit(capsys):
+    _one_line_error(capsys, ["run", "--dry-run", "--preset", "fast", "--device-memory-gb", "0.05"],
+                    "exceeds the 0.1 GiB")
+    _one_line_error(capsys, ["plan", "--preset", "fast", "--corpus", "pydoc-topics", "--docs", "100000"],
+                    "yields", "100000")
