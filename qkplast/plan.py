@@ -53,13 +53,15 @@ __all__ = [
     "preflight",
 ]
 
-#: Measured / counted activation bytes per token, per architecture (CPU, float32, tiny random models:
-#: hidden 64, intermediate 128, 2 query / 1 key head of dim 8, 2 layers + 1 cross-attention layer for
-#: Mllama), from the peak-RSS slope of a bare forward at 8192, 16384 and 32768 tokens, each length in a
-#: fresh process. Measured with
+#: Measured / counted activation bytes per token, per architecture (CPU, float32, tiny random models of
+#: tests/hub_fixtures.py: hidden 64, intermediate 128, 2 query / 1 key head of dim 8, 2 layers, plus 1
+#: cross-attention layer for Mllama), from the peak-RSS slope of a bare forward between 16384 and 32768
+#: tokens, each length in a fresh process. Measured with
 #: ``PYTHONPATH=. python benchmarks/bench_scale.py --kappa`` (2026-11-22, torch 2.13 CPU, glibc malloc
-#: with a fixed mmap threshold).
-MEASURED_KAPPA = {"qwen3": 1.0, "llama": 1.0, "smollm3": 1.0, "mllama": 1.0}
+#: with a fixed mmap threshold): slopes 2630 / 2652 / 2635 / 2832 B/token against 2624 / 2624 / 2624 /
+#: 2816 counted. In these tiny models the MLP phase is the larger one, as in every thesis model
+#: (intermediate size 3-4x hidden), so the attention-phase count is not what was checked.
+MEASURED_KAPPA = {"qwen3": 1.00, "llama3": 1.01, "smollm3": 1.00, "mllama": 1.01}
 #: The value the planner uses: the largest measured ratio.
 KAPPA = max(MEASURED_KAPPA.values())
 #: CUDA context, cuBLAS workspaces and the caching allocator's reserve (assumed, not measured here).

@@ -484,6 +484,13 @@ def test_capture_attrs_make_the_run_reproducible(tokenizer):
     assert attrs["transformers"] == T.__version__ and attrs["torch"] == torch.__version__
     assert attrs["attn_implementation"].startswith("qkplast_capture")
     assert attrs["window_parts"] == {"short one+short+two": ["short one", "short+two"]}
+    from dataclasses import fields
+
+    # Every option under its own name, resolved to what ran; the counts actually captured under other names.
+    assert all(f.name in attrs for f in fields(CaptureOptions))
+    recorded = CaptureOptions(**{f.name: attrs[f.name] for f in fields(CaptureOptions)})
+    assert (recorded.seq_len, recorded.bucket_size, recorded.docs, recorded.corpus) == (64, 8, None, "in-memory documents")
+    assert attrs["n_heads"] == 5 and "commit" in attrs and "heads_requested" not in attrs
     json.dumps(attrs)  # the io layer stores attrs as JSON
 
 

@@ -121,3 +121,56 @@ def test_embedded_model_is_converted_once(monkeypatch):
     loaded = load_model("smollm2-135m")
     assert type(loaded.model).__name__ == "LlamaForCausalLM" and loaded.info["gguf_sha256"]
     assert loaded.model.config.num_attention_heads == 9 and loaded.model.config.max_position_embeddings == 8192
+
+
+def test_split_revision():
+    from qkplast.models import split_revision
+
+    assert split_revision("owner/name@v1.2") == ("owner/name", "v1.2")
+    assert split_revision("owner/name") == ("owner/name", None)
+    assert split_revision("owner/name", "main") == ("owner/name", "main")
+    assert split_revision("owner/name@main", "main") == ("owner/name", "main")
+    with pytest.raises(ModelError, match="names revision 'a' but --revision is 'b'"):
+        split_revision("owner/name@a", "b")
+    with pytest.raises(ModelError, match="NAME@REVISION"):
+        split_revision("owner/name@")
+
+
+def test_local_path_with_at_sign_is_not_split(tmp_path):
+    from qkplast.models import split_revision
+
+    odd = tmp_path / "model@2024"
+    odd.mkdir()
+    assert split_revision(str(odd)) == (str(odd), None)
+
+
+@pytest.fixture(scope="module")
+def tiny_hub(tmp_path_factory):
+    from hub_fixtures import make_hub
+
+    cache = tmp_path_factory.mktemp("hub")
+    return cache, make_hub(cache, archs=("qwen3",))
+
+
+@pytest.mark.integration
+def test_hub_revision_resolves_offline_to_its_commit(tiny_hub, monkeypatch):
+    from huggingface_hub import constants
+
+    from hub_fixtures import BRANCH, repo_id
+
+    cache, commits = tiny_hub
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    loaded = load_model(f"{repo_id('qwen3')}@{BRANCH}")
+    assert loaded.info["model"] == repo_id("qwen3") and loaded.info["revision"] == BRANCH
+    assert loaded.info["commit"] == commits["qwen3"]
+    by_commit = load_model(repo_id("qwen3"), revision=commits["qwen3"])
+    assert by_commit.info["commit"] == commits["qwen3"]
+    with pytest.raises(ModelError) as info:
+        load_model(f"{repo_id('qwen3')}@no-such-branch")
+    message = str(info.value)
+    assert "\n" not in message and "'no-such-branch'" in message and repo_id("qwen3") in message
+    assert "huggingface-cli download" in message and f"@{BRANCH}" in message
+    with pytest.raises(ModelError, match="revision 'main'"):  # the fixture has no main branch
+        load_model(repo_id("qwen3"))
+    models.release_model(loaded)
+    assert loaded.model is None
