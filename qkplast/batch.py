@@ -209,13 +209,22 @@ def run_settings(run_dir, namespace: dict | None = None, **overrides) -> tuple[C
     ``namespace`` (a notebook's ``globals()``) and ``overrides`` replace fields by name, as in :func:`load_run`.
     """
     manifest = _manifest(Path(run_dir)) or {}
-    capture = CaptureOptions(**{k: v for k, v in manifest.get("capture", {}).items() if k in _CAPTURE_FIELDS})
+    recorded = manifest.get("capture") or _recorded_in_capture(Path(run_dir) / "capture.nc")
+    capture = CaptureOptions(**{k: v for k, v in recorded.items() if k in _CAPTURE_FIELDS})
     analysis = AnalysisOptions(**{k: v for k, v in manifest.get("analysis", {"seed": capture.seed}).items()
                                   if k in _ANALYSIS_FIELDS})
     cap_over, ana_over = _overrides(namespace, overrides)
     if "seed" in cap_over and "seed" not in ana_over:
         ana_over["seed"] = cap_over["seed"]
     return replace(capture, **cap_over), replace(analysis, **ana_over)
+
+
+def _recorded_in_capture(path: Path) -> dict:
+    """The CaptureOptions fields a capture file's attrs record (a capture made by ``qkplast capture --out``)."""
+    if not path.exists():
+        return {}
+    attrs = open_dataset(path).attrs
+    return {k: attrs[k] for k in _CAPTURE_FIELDS if k in attrs}
 
 
 def _differences(recorded: dict, wanted: CaptureOptions) -> list[str]:
@@ -246,10 +255,10 @@ def _normalized(options: CaptureOptions) -> CaptureOptions:
 
 
 def _check_same_capture(run_dir: Path, wanted: CaptureOptions) -> None:
-    manifest = _manifest(run_dir)
-    if manifest is None or "capture" not in manifest:
+    recorded = (_manifest(run_dir) or {}).get("capture") or _recorded_in_capture(run_dir / "capture.nc")
+    if not recorded:
         return
-    diff = _differences(manifest["capture"], wanted)
+    diff = _differences(recorded, wanted)
     if diff:
         raise RunError(f"{run_dir} was made with other capture settings ({'; '.join(diff)}); "
                        "use another run directory (--out) or --overwrite")

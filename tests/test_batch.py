@@ -215,3 +215,21 @@ def test_failing_notebook_fails_the_run_with_cell_and_error(tmp_path, monkeypatc
         batch.run(tiny, tmp_path / "run", notebooks=[bad / "01_bad.ipynb"], progress=False)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["notebooks"][0]["error"].startswith("ValueError")
+
+
+def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, monkeypatch):
+    """``qkplast capture --out RUN/capture.nc`` then a notebook: the settings come from the capture's attrs."""
+    from qkplast import CaptureOptions
+    from qkplast.io import save_capture
+    from qkplast.synthetic import planted_capture
+
+    calls = _fake_stage(monkeypatch, tmp_path)
+    options = CaptureOptions(seq_len=1024, bucket_size=128, docs=3, corpus="pydoc-topics")
+    cap, _ = planted_capture(n_heads=2, dim=8, seq_len=1024, bucket_size=128, n_docs=3, samples_per_bucket=2)
+    cap.attrs.update(options.to_dict())
+    (tmp_path / "run").mkdir()
+    save_capture(cap, tmp_path / "run" / "capture.nc")
+    run = batch.load_run(tmp_path / "run")
+    assert run.options == options and calls == []
+    with pytest.raises(batch.RunError, match="seq_len: 1024 there, 2048 asked"):
+        batch.load_run(tmp_path / "run", seq_len=2048, bucket_size=128)
