@@ -171,3 +171,4 @@ def test_architectures_from_hub_revisions_beyond_the_kernel_limit(arch, hub, hub
     loaded = load_model(options.model)
     window = next(iter_windows(open_corpus(str(corpus)), loaded.tokenizer, 32768, short_docs="skip"))
     assert _layer0_late_logits(ds, loaded, window, span=4096) > 5
+
