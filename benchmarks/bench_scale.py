@@ -153,8 +153,6 @@ def scale(args) -> int:
 
 
 def kappa(args) -> int:
-    import transformers  # noqa: F401  (fail early if missing)
-
     from hub_fixtures import ARCHITECTURES, tiny_config
     from qkplast.plan import live_elements_per_token
 
