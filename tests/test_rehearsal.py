@@ -172,3 +172,43 @@ def test_architectures_from_hub_revisions_beyond_the_kernel_limit(arch, hub, hub
     window = next(iter_windows(open_corpus(str(corpus)), loaded.tokenizer, 32768, short_docs="skip"))
     assert _layer0_late_logits(ds, loaded, window, span=4096) > 5
 
+
+#: Window length of the command-line rehearsal. 32768 (twice the kernel guard's limit, YaRN active) keeps the
+#: file within minutes; QKPLAST_REHEARSAL_SEQ_LEN=131072 runs the thesis's length (about 5 more minutes on
+#: two free cores: two 131072-token forwards, prose and code).
+CLI_SEQ_LEN = int(os.environ.get("QKPLAST_REHEARSAL_SEQ_LEN", "32768"))
+
+
+def _qkplast(argv, cache, timeout):
+    return subprocess.run([sys.executable, "-m", "qkplast.cli", *argv], env=_env(cache), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cli_run(hub, tmp_path_factory):
+    """``qkplast run`` of the tiny Qwen3 at a hub revision: its dry run, then capture and analysis."""
+    cache, commits, corpus = hub
+    out = tmp_path_factory.mktemp("cli") / "run"
+    argv = ["run", "--model", f"{repo_id('qwen3')}@{BRANCH}", "--seq-len", str(CLI_SEQ_LEN),
+            "--bucket-size", str(CLI_SEQ_LEN // 16), "--rope-scaling", "yarn:4:32768", "--corpus", str(corpus),
+            "--docs", "1", "--short-docs", "skip", "--device", "cpu", "-p", "code_corpus", str(corpus),
+            "-p", "n_boot", "200", "--out", str(out), "--no-progress"]
+    dry = _qkplast(argv + ["--dry-run"], cache, 600)
+    staged = _qkplast(argv + ["--stage", "analyze"], cache, 1800)
+    return argv, out, dry, staged
+
+
+def test_qkplast_run_captures_and_analyses_from_a_hub_revision(hub, cli_run):
+    cache, commits, corpus = hub
+    argv, out, dry, staged = cli_run
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert commits["qwen3"] in dry.stdout and "fits" in dry.stdout
+    assert staged.returncode == 0, (staged.stdout[-2000:], staged.stderr[-3000:])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["commit"] == commits["qwen3"]
+    for run_dir in (out, out / "code"):  # prose and code captures, one model load
+        ds = validate_capture(open_capture(run_dir / "capture.nc"))
+        assert (ds.attrs["revision"], ds.attrs["commit"], ds.attrs["seq_len"], ds.attrs["rope_scaling"]) == (
+            BRANCH, commits["qwen3"], CLI_SEQ_LEN, "yarn:4:32768")
+        assert (run_dir / "metrics.nc").exists()
+
