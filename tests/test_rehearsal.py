@@ -212,3 +212,15 @@ def test_qkplast_run_captures_and_analyses_from_a_hub_revision(hub, cli_run):
             BRANCH, commits["qwen3"], CLI_SEQ_LEN, "yarn:4:32768")
         assert (run_dir / "metrics.nc").exists()
 
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 8: notebooks 02-11 still hold their own capture parameter cells (smollm2-135m, pydoc-topics, 2048 "
+    "tokens), so a run of another model fails in 02_capture with 'made with other capture settings'; remove this "
+    "mark once the notebooks read the run manifest (the strict mark turns into a failure when they do)"))
+def test_qkplast_run_executes_every_notebook_from_a_hub_revision(hub, cli_run):
+    argv, out, _, _ = cli_run
+    full = _qkplast(argv, hub[0], 1800)  # reuses the captures and analyses
+    assert full.returncode == 0, (full.stdout[-2000:], full.stderr[-3000:])
+    executed = sorted(p.name for p in (out / "notebooks").glob("*.ipynb"))
+    sources = sorted(p.with_suffix(".ipynb").name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    assert executed == sources and json.loads((out / "manifest.json").read_text())["status"] == "ok"
