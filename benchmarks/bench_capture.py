@@ -72,6 +72,7 @@ def _child(args) -> dict:
     from qkplast.capture import capture, text_decoder
     from qkplast.corpus import iter_windows, open_corpus
     from qkplast.models import load_model
+    from qkplast.options import CaptureOptions
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -79,15 +80,8 @@ def _child(args) -> dict:
     corpus = open_corpus(args.corpus)
     decoder = text_decoder(model)
     device = decoder.device
-    options = dict(
-        samples_per_bucket=args.samples_per_bucket,
-        heads=args.heads,
-        seed=args.seed,
-        attn=args.attn,
-        docs=1,
-        progress=False,
-        model_info=loaded.info,
-    )
+    options = dict(samples_per_bucket=args.samples_per_bucket, heads=args.heads, seed=args.seed, attn=args.attn,
+                   docs=1, short_docs="concat")
     # Both kinds process the corpus's first window: capture() cuts it itself, the bare pass gets its tokens.
     ids = torch.as_tensor(next(iter_windows(corpus, tokenizer, args.seq_len)).input_ids, device=device)[None]
 
@@ -96,7 +90,8 @@ def _child(args) -> dict:
             decoder(input_ids=ids[:, :n_tokens], use_cache=False)  # [batch, seq, hidden]
 
     def captured(seq_len: int, bucket_size: int, out):
-        return capture(model, tokenizer, corpus, out, seq_len=seq_len, bucket_size=bucket_size, **options)
+        chosen = CaptureOptions(seq_len=seq_len, bucket_size=bucket_size, **options)
+        return capture(model, tokenizer, corpus, out, chosen, progress=False, model_info=loaded.info)
 
     # Warm-up on a short input: thread pools, kernel choice and lazy imports (for capture, also of the
     # netCDF writer) happen once per process, before measuring, as they would before a corpus's first document.

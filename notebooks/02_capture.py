@@ -35,23 +35,13 @@
 # **Positions.** The context window is cut into buckets of $B$ tokens; every token is kept with
 # probability $m/B$, so each bucket receives $m$ samples per document in expectation, independent of
 # where documents concentrate their tokens. The thesis used $B = 8192$ over 128K tokens and $m = 1$ on
-# 500 LongBench-Pro documents. The default run here is smaller so that it finishes in about a minute on a
-# CPU: 8 windows of 2048 tokens from the Python documentation, $B = 128$ (the same 16 buckets) and $m = 4$.
+# 500 LongBench-Pro documents. The default run is the same setting in miniature, sized to finish in a few
+# minutes on a CPU: SmolLM2-135M across its whole trained window, 4 single documents of at least 8192 tokens
+# from the CPython documentation (`python-docs`, never concatenated), $B = 512$ (the same 16 buckets) and
+# $m = 8$, so each bucket holds about 32 queries.
 
 # %% tags=["parameters"]
-model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
-run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
-corpus = "pydoc-topics"  # prose that every Python install carries (the standard library docs)
-docs = 8  # document windows: with 4 samples per bucket, 32 queries per bucket for the statistics
-seq_len = 2048  # tokens per window: 16 buckets of 128 and a CPU forward of a few seconds
-bucket_size = 128  # 16 buckets, the thesis's count (it used 131072 / 8192)
-samples_per_bucket = 4  # more than the thesis's 1 because this corpus is small
-heads = 300  # as in the thesis; SmolLM2 has 270 query heads, so all are taken
-seed = 0  # seed of head and position sampling and of the key-pair draw
-device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
-dtype = "auto"  # fp32 on CPU, bf16 on GPU
-rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
-analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
+run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
 
 # %%
 import numpy as np
@@ -59,10 +49,11 @@ import pandas as pd
 
 import qkplast
 import qkplast.plots as qp
-from qkplast.batch import load_or_capture
+from qkplast.batch import load_run
 
-capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
-                          samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype, rope_scaling=rope_scaling)
+run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
+capture, metrics, notes = run.capture, run.metrics, run.notes
+seq_len, bucket_size, samples_per_bucket = run.options.seq_len, run.options.bucket_size, run.options.samples_per_bucket
 print(f"{capture.sizes['head']} heads x {capture.sizes['sample']} sampled positions x {capture.sizes['dim']} dims "
       f"from {capture.attrs['n_docs']} windows of {capture.attrs['seq_len']} tokens")
 print(f"model {capture.attrs['model']} ({capture.attrs['model_family']}), {capture.attrs['dtype']}, "

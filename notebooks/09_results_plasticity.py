@@ -25,27 +25,14 @@
 # open (section 7.5): bootstrap intervals over documents, the same model on prose and on code, and how well
 # the Gaussian closed form agrees with the Monte Carlo estimate.
 #
-# **Comparability.** A fifth of a 2048-token window is 410 tokens; a fifth of the thesis's window is 26K
+# **Comparability.** A fifth of an 8192-token window is 1638 tokens; a fifth of the thesis's window is 26K
 # tokens. The profiles compare in shape, and AP_drop compares as "how much plasticity is lost across the
 # window the model was given", not at equal distances.
 
 # %% tags=["parameters"]
-model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
-run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
-corpus = "pydoc-topics"  # prose that every Python install carries (the standard library docs)
-docs = 8  # document windows: with 4 samples per bucket, 32 queries per bucket for the statistics
-seq_len = 2048  # tokens per window: 16 buckets of 128 and a CPU forward of a few seconds
-bucket_size = 128  # 16 buckets, the thesis's count (it used 131072 / 8192)
-samples_per_bucket = 4  # more than the thesis's 1 because this corpus is small
-heads = 300  # as in the thesis; SmolLM2 has 270 query heads, so all are taken
-seed = 0  # seed of head and position sampling and of the key-pair draw
-device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
-dtype = "auto"  # fp32 on CPU, bf16 on GPU
-rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
-analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
+run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
 n_boot = 1000  # bootstrap replicates over documents (>= 1000 for 95% percentile and BCa end points) for the intervals of the aggregates
 code_corpus = "stdlib-code"  # the same analysis on code: the standard library's own source
-code_run_dir = ""  # run directory of the code capture; empty means run_dir + "-code"
 study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
 # %%
@@ -54,12 +41,11 @@ import pandas as pd
 
 import qkplast.plots as qp
 from qkplast import reference, results
-from qkplast.batch import load_or_analyze, load_or_bootstrap, load_or_capture
+from qkplast.batch import load_run
 
-capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
-                          samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype,
-                          rope_scaling=rope_scaling)
-metrics, notes = load_or_analyze(run_dir, capture, seed=seed, **analysis)
+run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
+capture, metrics, notes = run.capture, run.metrics, run.notes
+model, corpus = run.options.model, run.options.corpus
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}, {capture.attrs['n_docs']} windows of "
       f"{capture.attrs['seq_len']} tokens of {capture.attrs['corpus']}")
 
@@ -83,7 +69,7 @@ fig = qp.quintile_profiles(quintiles)
 # BCa interval where the bootstrap provides it.
 
 # %%
-boot = load_or_bootstrap(run_dir, capture, n_boot=n_boot, seed=seed, **analysis)
+boot = run.bootstrap(n_boot)
 intervals = results.with_intervals(boot)
 print(intervals.attrs["note"])
 kind = "lo_bca" if "lo_bca" in boot else "lo"
@@ -116,12 +102,8 @@ results.gaussian_agreement(metrics)
 # the Python documentation (prose) and on the standard library's source (code).
 
 # %%
-code_dir = code_run_dir or f"{run_dir}-code"
-code_capture = load_or_capture(code_dir, model=model, corpus=code_corpus, docs=docs, seq_len=seq_len,
-                               bucket_size=bucket_size, samples_per_bucket=samples_per_bucket, heads=heads, seed=seed,
-                               device=device, dtype=dtype, rope_scaling=rope_scaling)
-code_metrics, _ = load_or_analyze(code_dir, code_capture, seed=seed, **analysis)
-code_boot = load_or_bootstrap(code_dir, code_capture, n_boot=n_boot, seed=seed, **analysis)
+code = run.on_corpus(code_corpus)  # captured by `qkplast run` beside the prose, in run_dir/code
+code_metrics, code_boot = code.metrics, code.bootstrap(n_boot)
 comparison = results.corpus_comparison({corpus: metrics, code_corpus: code_metrics},
                                        {corpus: boot, code_corpus: code_boot})
 comparison

@@ -29,19 +29,7 @@
 # project's machines, so by default the list is empty and the page shows the thesis's reference values.
 
 # %% tags=["parameters"]
-model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
-run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
-corpus = "pydoc-topics"  # prose that every Python install carries (the standard library docs)
-docs = 8  # document windows: with 4 samples per bucket, 32 queries per bucket for the statistics
-seq_len = 2048  # tokens per window: 16 buckets of 128 and a CPU forward of a few seconds
-bucket_size = 128  # 16 buckets, the thesis's count (it used 131072 / 8192)
-samples_per_bucket = 4  # more than the thesis's 1 because this corpus is small
-heads = 300  # as in the thesis; SmolLM2 has 270 query heads, so all are taken
-seed = 0  # seed of head and position sampling and of the key-pair draw
-device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
-dtype = "auto"  # fp32 on CPU, bf16 on GPU
-rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
-analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
+run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture settings
 checkpoints = []  # e.g. ["HuggingFaceTB/SmolLM3-3B-checkpoints@stage1-step-40000", ...]; empty: thesis values
 study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
@@ -50,16 +38,16 @@ import pandas as pd
 
 import qkplast.plots as qp
 from qkplast import reference, results
+from qkplast.batch import run_settings
 
 # %% [markdown]
 # ## This project's checkpoints
 
 # %%
 if checkpoints:
-    ours = results.trajectory_table(results.checkpoint_metrics(
-        checkpoints, run_dir, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
-        samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype,
-        rope_scaling=rope_scaling))
+    # the run's capture settings on every checkpoint; `qkplast run` captured them before this kernel started
+    settings = {k: v for k, v in run_settings(run_dir, globals())[0].to_dict().items() if k not in ("model", "revision")}
+    ours = results.trajectory_table(results.checkpoint_metrics(checkpoints, run_dir, **settings))
     fig = qp.trajectory(ours, title="this project's checkpoints")
     display(ours.round(4))
 else:

@@ -2,61 +2,60 @@
 
 A *run directory* holds everything one model's batch produced::
 
-    RUN/capture.nc        the capture (qkplast.io contract)
-    RUN/metrics.nc        qkplast.analyze with the run's options
-    RUN/notebooks/*.ipynb the executed notebooks (papermill)
-    RUN/manifest.json     parameters, package versions, device, timings
+    RUN/manifest.json        capture and analysis options (CaptureOptions / AnalysisOptions, same names),
+                             notebook parameters, versions, resolved commit, timings, status
+    RUN/capture.nc           the capture (qkplast.io contract)
+    RUN/metrics.nc           qkplast.analyze with the run's analysis options
+    RUN/code/                the same for the code corpus (notebook 09): manifest.json, capture.nc, metrics.nc
+    RUN/notebooks/*.ipynb    the executed notebooks (papermill)
 
-Notebooks call :func:`load_or_capture` and :func:`load_or_analyze` with their
-parameters, so the same notebook works inside a batch (where the files exist)
-and on its own, e.g. under nbval (where the first notebook creates them).
+:func:`run` loads the model once, makes every capture the notebooks need, releases
+the model (and the GPU memory) and only then starts the notebooks, which find
+their files and never load a model. Notebooks call :func:`load_run`, which reads
+the settings from ``RUN/manifest.json`` (the :class:`CaptureOptions` defaults
+when the run is new), so the same notebook works inside a batch and on its own
+(under nbval, where the first notebook captures with the defaults).
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import gc
 import hashlib
 import io
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
 import xarray as xr
 
+from .errors import QkplastError
 from .io import CaptureError, open_capture, open_dataset, save_dataset
-from .options import AnalysisOptions
+from .options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, coerce_value, typed_option
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+#: Corpus of the code capture that notebook 09 sets beside the prose (its ``code_corpus`` parameter).
+CODE_CORPUS = "stdlib-code"
+#: Sub-directory of a run that holds the code capture.
+CODE_DIR = "code"
+STAGES = ("capture", "analyze", "notebooks")
 
-#: Capture parameters of the embedded default run. Every notebook's parameters
-#: cell repeats them as literals (papermill needs literals); a test keeps the two equal.
-DEFAULTS = {
-    "model": "smollm2-135m",
-    "corpus": "pydoc-topics",
-    "docs": 8,
-    "seq_len": 2048,
-    "bucket_size": 128,
-    "samples_per_bucket": 4,
-    "heads": 300,
-    "seed": 0,
-    "device": "cpu",
-    "dtype": "auto",
-    "rope_scaling": None,
-}
-CAPTURE_KEYS = tuple(DEFAULTS)
+_CAPTURE_FIELDS = tuple(f.name for f in fields(CaptureOptions))
+_ANALYSIS_FIELDS = tuple(f.name for f in fields(AnalysisOptions))
 
 
-class RunError(RuntimeError):
-    """A batch step failed; the message names the notebook and cell."""
+class RunError(QkplastError):
+    """A batch step failed or a run directory holds other settings; the message names which and the fix."""
 
 
 @contextlib.contextmanager
@@ -75,70 +74,224 @@ def _quiet():
         transformers.logging.enable_progress_bar()
 
 
-#: capture parameter -> the capture attribute that records it (device and dtype may differ legitimately)
-_RECORDED = {"model": "model", "corpus": "corpus", "docs": "docs_requested", "seq_len": "seq_len",
-             "bucket_size": "bucket_size", "samples_per_bucket": "samples_per_bucket", "heads": "heads_requested",
-             "seed": "seed"}
+# --------------------------------------------------------------------------- parameters
 
 
-def _capture_mismatches(attrs: dict, params: dict) -> list[str]:
-    """Differences between a capture's recorded parameters and the requested ones."""
+def _literal(text: str):
+    """Parse a ``-p name value`` value: a Python literal (number, list, dict, quoted string) or a bare string."""
+    low = text.lower()
+    if low in ("true", "false", "none"):
+        return {"true": True, "false": False, "none": None}[low]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _parameters_cell(source: str) -> dict:
+    """Literal assignments of the cell tagged ``parameters`` in a py:percent notebook source."""
+    match = re.search(r'# %% tags=\["parameters"\]\n(.*?)(?=\n# %%|\Z)', source, re.S)
+    if not match:
+        return {}
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(match.group(1)).body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+
+
+def _declared_parameters(path: Path) -> dict:
+    """The parameters one notebook declares (name -> default), from its ``.ipynb`` (what papermill runs)."""
+    import nbformat
+
+    nb = nbformat.read(path, 4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    return _parameters_cell('# %% tags=["parameters"]\n' + cells[0].source) if cells else {}
+
+
+def notebook_parameters(directory: Path = NOTEBOOK_DIR) -> dict:
+    """Every parameter the notebooks declare (name -> default), from their ``.py`` sources (or ``.ipynb``)."""
+    out = {}
+    for path in notebook_paths(directory):
+        py = path.with_suffix(".py")
+        out.update(_parameters_cell(py.read_text()) if py.exists() else _declared_parameters(path))
+    return out
+
+
+def split_parameters(pairs, notebook_defaults: dict | None = None) -> tuple[dict, dict, dict]:
+    """Sort ``-p NAME VALUE`` pairs into capture options, analysis options and notebook parameters, typed.
+
+    A capture or analysis option is typed from its dataclass field, a notebook
+    parameter from its default (``-p n_boot 100`` is an int, ``-p checkpoints
+    "['a@r']"`` a list). ``seed`` is a capture option; the run's analysis uses it too.
+
+    Raises
+    ------
+    QkplastError
+        An unknown name (listing the valid ones) or a value of the wrong type.
+    """
+    notebook_defaults = notebook_parameters() if notebook_defaults is None else notebook_defaults
+    capture, analysis, notebook = {}, {}, {}
+    for name, text in pairs:
+        if name in _CAPTURE_FIELDS:
+            capture[name] = typed_option(CaptureOptions, name, text)
+        elif name in _ANALYSIS_FIELDS:
+            analysis[name] = typed_option(AnalysisOptions, name, text)
+        elif name in notebook_defaults and name != "run_dir":
+            default = notebook_defaults[name]
+            value = _literal(text) if not isinstance(default, str) else text
+            notebook[name] = value if default is None else coerce_value((type(default),), False, value, name)
+        else:
+            raise UnknownOptionError(
+                f"unknown parameter {name!r}: not a capture option ({', '.join(_CAPTURE_FIELDS)}), an analysis option "
+                f"({', '.join(_ANALYSIS_FIELDS)}) or a notebook parameter "
+                f"({', '.join(sorted(set(notebook_defaults) - {'run_dir'}))})"
+            )
+    return capture, analysis, notebook
+
+
+# --------------------------------------------------------------------------- captures
+
+
+def release_model(loaded) -> None:
+    """Give a loaded model's memory back (see :func:`qkplast.models.release_model`)."""
+    from .models import release_model as release
+
+    release(loaded)
+
+
+def _load(options: CaptureOptions):
+    from .models import load_model
+
+    return load_model(options.model, device=options.device, dtype=options.dtype, rope_scaling=options.rope_scaling,
+                      revision=options.revision, seq_len=options.seq_len)
+
+
+def capture_file(options: CaptureOptions, out, *, overwrite: bool = False, progress: bool = True, loaded=None):
+    """Capture ``options`` into ``out`` (resuming ``OUT.parts/``), with an already ``loaded`` model if given."""
+    from .capture import run_capture
+
+    return run_capture(options, out, overwrite=overwrite, progress=progress, loaded=loaded)
+
+
+def _check_windows(options: CaptureOptions) -> None:
+    """Everything checkable without weights (config, kernel, and the corpus filling the windows), in seconds."""
+    from .corpus import open_corpus
+    from .models import split_revision
+    from .plan import preflight
+
+    name, revision = split_revision(options.model, options.revision)
+    documents = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
+    with _quiet():
+        preflight(replace(options, model=name, revision=revision), documents)
+
+
+# --------------------------------------------------------------------------- settings of a run directory
+
+
+def _manifest(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / "manifest.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{path} is not valid JSON ({exc.msg}); delete it or rerun with --overwrite") from exc
+
+
+def _write_manifest(run_dir: Path, manifest: dict) -> None:
+    path = Path(run_dir) / "manifest.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def run_settings(run_dir, namespace: dict | None = None, **overrides) -> tuple[CaptureOptions, AnalysisOptions]:
+    """The capture and analysis options a run directory was made with (the defaults when it is new).
+
+    ``namespace`` (a notebook's ``globals()``) and ``overrides`` replace fields by name, as in :func:`load_run`.
+    """
+    manifest = _manifest(Path(run_dir)) or {}
+    recorded = manifest.get("capture") or _recorded_in_capture(Path(run_dir) / "capture.nc")
+    capture = CaptureOptions(**{k: v for k, v in recorded.items() if k in _CAPTURE_FIELDS})
+    analysis = AnalysisOptions(**{k: v for k, v in manifest.get("analysis", {"seed": capture.seed}).items()
+                                  if k in _ANALYSIS_FIELDS})
+    cap_over, ana_over = _overrides(namespace, overrides)
+    if "seed" in cap_over and "seed" not in ana_over:
+        ana_over["seed"] = cap_over["seed"]
+    return replace(capture, **cap_over), replace(analysis, **ana_over)
+
+
+def _recorded_in_capture(path: Path) -> dict:
+    """The CaptureOptions fields a capture file's attrs record (a capture made by ``qkplast capture --out``)."""
+    if not path.exists():
+        return {}
+    attrs = open_dataset(path).attrs
+    return {k: attrs[k] for k in _CAPTURE_FIELDS if k in attrs}
+
+
+def _differences(recorded: dict, wanted: CaptureOptions) -> list[str]:
+    """Settings that change what is captured and differ between a recorded dict and ``wanted``."""
     from .models import parse_rope_scaling
 
-    wanted = {**params, "rope_scaling": parse_rope_scaling(params["rope_scaling"])}
-    recorded = {**_RECORDED, "rope_scaling": "rope_scaling"}
-    return [f"{k}: file has {attrs.get(a)!r}, asked {wanted[k]!r}" for k, a in recorded.items()
-            if attrs.get(a) != wanted[k]]
+    out = []
+    for name, value in wanted.result_key().items():
+        if name not in recorded or name in CAPTURE_EXECUTION_OPTIONS or (name == "dtype" and value == "auto"):
+            continue
+        have = recorded[name]
+        if name == "rope_scaling":
+            have, value = parse_rope_scaling(have), parse_rope_scaling(value)
+        elif have is not None:
+            with contextlib.suppress(QkplastError):
+                have = typed_option(CaptureOptions, name, have)
+        if have != value:
+            out.append(f"{name}: {recorded[name]!r} there, {getattr(wanted, name)!r} asked")
+    return out
 
 
-def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **params) -> xr.Dataset:
-    """Open ``RUN/capture.nc``, or capture it first with ``params`` (keys of :data:`DEFAULTS`).
+def _normalized(options: CaptureOptions) -> CaptureOptions:
+    """``owner/name@rev`` split into ``model`` and ``revision``, as the capture attrs record them."""
+    from .models import split_revision
 
-    ``revision`` selects a hub revision of ``model`` (a training checkpoint).
-    The capture streams to ``RUN/capture.nc.parts/`` and resumes if interrupted.
-    An existing capture made with other parameters is an error, never silently reused.
-    """
-    params = {**DEFAULTS, **params}
-    unknown = sorted(set(params) - set(CAPTURE_KEYS))
-    if unknown:
-        raise TypeError(f"unknown capture parameter(s) {unknown}; valid: {list(CAPTURE_KEYS)}")
-    run_dir = Path(run_dir)
+    name, revision = split_revision(options.model, options.revision)
+    return replace(options, model=name, revision=revision)
+
+
+def _check_same_capture(run_dir: Path, wanted: CaptureOptions) -> None:
+    recorded = (_manifest(run_dir) or {}).get("capture") or _recorded_in_capture(run_dir / "capture.nc")
+    if not recorded:
+        return
+    diff = _differences(recorded, wanted)
+    if diff:
+        raise RunError(f"{run_dir} was made with other capture settings ({'; '.join(diff)}); "
+                       "use another run directory (--out) or --overwrite")
+
+
+def _ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions, *, loaded=None,
+                    progress: bool = False) -> Path:
+    """``RUN/capture.nc`` for ``options``: reused when present (refused if made otherwise), else captured."""
+    options = _normalized(options)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _check_same_capture(run_dir, options)
     path = run_dir / "capture.nc"
     if not path.exists():
-        from .capture import run_capture
-
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with _quiet():
-            run_capture(params["model"], params["corpus"], path, seq_len=params["seq_len"], device=params["device"],
-                        dtype=params["dtype"], rope_scaling=params["rope_scaling"], revision=revision, bucket_size=params["bucket_size"],
-                        samples_per_bucket=params["samples_per_bucket"], heads=params["heads"], seed=params["seed"],
-                        docs=params["docs"], progress=False)
-    cap = open_capture(path)
-    diff = _capture_mismatches(cap.attrs, params)
-    if diff:
-        raise CaptureError(f"{path} was captured with other parameters ({'; '.join(diff)}); "
-                           "use another run directory or delete it")
-    return cap
+        capture_file(options, path, progress=progress, loaded=loaded)
+    manifest = _manifest(run_dir) or {}
+    if "capture" not in manifest:
+        attrs = open_dataset(path).attrs
+        manifest.update(capture=options.to_dict(), analysis=analysis.to_dict(), commit=attrs.get("commit"),
+                        status=manifest.get("status", "captured"))
+        _write_manifest(run_dir, manifest)
+    return path
 
 
-def _cached_path(run_dir: Path, stem: str, key: dict, read_key) -> Path:
-    """``RUN/STEM.nc`` for the run's own settings; another setting gets ``RUN/STEM-<hash>.nc``.
-
-    So an analysis with other options (a notebook comparing against the thesis defaults, say) never
-    overwrites the run's main results.
-    """
-    main = run_dir / f"{stem}.nc"
-    if not main.exists() or read_key(main) == key:
-        return main
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return run_dir / f"{stem}-{digest}.nc"
+# --------------------------------------------------------------------------- what notebooks call
 
 
 def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) -> tuple[xr.Dataset, list[str]]:
     """Open the run's metrics if they were made with these options, else analyse and save them.
 
-    Returns the metrics and the analysis warnings as text (the notebooks print
-    them, so they appear in the output without machine-specific file paths).
+    ``RUN/metrics.nc`` holds the run's own options; another setting goes to
+    ``RUN/metrics-<hash>.nc`` and never overwrites them. Returns the metrics and
+    the analysis warnings as text (the notebooks print them, so they appear in
+    the output without machine-specific file paths).
     """
     from .analyze import analyze
 
@@ -157,6 +310,15 @@ def load_or_analyze(run_dir: str | os.PathLike, capture: xr.Dataset, **options) 
     return metrics, messages
 
 
+def _cached_path(run_dir: Path, stem: str, key: dict, read_key) -> Path:
+    """``RUN/STEM.nc`` for the run's own settings; another setting gets ``RUN/STEM-<hash>.nc``."""
+    main = run_dir / f"{stem}.nc"
+    if not main.exists() or read_key(main) == key:
+        return main
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return run_dir / f"{stem}-{digest}.nc"
+
+
 def load_or_bootstrap(run_dir: str | os.PathLike, capture: xr.Dataset, n_boot: int = 1000, seed: int = 0,
                       **options) -> xr.Dataset:
     """Open the run's bootstrap if it was made with these settings, else compute and save it (1000 replicates)."""
@@ -173,6 +335,102 @@ def load_or_bootstrap(run_dir: str | os.PathLike, capture: xr.Dataset, n_boot: i
     ds.attrs["key"] = key
     save_dataset(ds, path, overwrite=True)
     return ds
+
+
+@dataclass
+class Run:
+    """What a notebook needs from a run directory (see :func:`load_run`).
+
+    Attributes
+    ----------
+    dir : Path
+    options : CaptureOptions
+        The settings the capture was made with.
+    analysis : AnalysisOptions
+    capture, metrics : xarray.Dataset
+    notes : list of str
+        Warnings of the analysis, as text.
+    """
+
+    dir: Path
+    options: CaptureOptions
+    analysis: AnalysisOptions
+    capture: xr.Dataset
+    metrics: xr.Dataset
+    notes: list[str]
+
+    def bootstrap(self, n_boot: int = 40) -> xr.Dataset:
+        """Bootstrap over documents with the run's analysis options (cached in the run directory)."""
+        opts = {k: v for k, v in self.analysis.to_dict().items() if k != "seed"}
+        return load_or_bootstrap(self.dir, self.capture, n_boot=n_boot, seed=self.analysis.seed, **opts)
+
+    @property
+    def analysis_overrides(self) -> dict:
+        """The analysis options that differ from the defaults, without ``seed`` (for functions taking keywords)."""
+        default = AnalysisOptions().to_dict()
+        return {k: v for k, v in self.analysis.to_dict().items() if k != "seed" and v != default[k]}
+
+    def on_corpus(self, corpus: str, subdir: str = CODE_DIR) -> "Run":
+        """The same capture and analysis settings on another corpus, in ``RUN/<subdir>`` (notebook 09's code)."""
+        return _open_run(self.dir / subdir, replace(self.options, corpus=corpus), self.analysis)
+
+
+def _open_run(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions) -> Run:
+    with _quiet():
+        path = _ensure_capture(run_dir, options, analysis)
+    capture = open_capture(path)
+    metrics, notes = load_or_analyze(run_dir, capture, **analysis.to_dict())
+    return Run(run_dir, options, analysis, capture, metrics, notes)
+
+
+def _overrides(namespace: dict | None, overrides: dict) -> tuple[dict, dict]:
+    given = {k: v for k, v in (namespace or {}).items() if k in _CAPTURE_FIELDS + _ANALYSIS_FIELDS}
+    given.update(overrides)
+    unknown = sorted(set(overrides) - set(_CAPTURE_FIELDS + _ANALYSIS_FIELDS))
+    if unknown:
+        raise UnknownOptionError(f"unknown option(s) {unknown}: neither CaptureOptions nor AnalysisOptions fields")
+    capture = {k: v for k, v in given.items() if k in _CAPTURE_FIELDS}
+    analysis = {k: v for k, v in given.items() if k in _ANALYSIS_FIELDS and k != "seed"}
+    if "seed" in given:
+        analysis["seed"] = given["seed"]
+    return capture, analysis
+
+
+def load_run(run_dir: str | os.PathLike, namespace: dict | None = None, **overrides) -> Run:
+    """The capture, metrics and options of a run directory, for a notebook.
+
+    Settings come from ``RUN/manifest.json`` (written by ``qkplast run``), or the
+    :class:`CaptureOptions` / :class:`AnalysisOptions` defaults when the run is
+    new, in which case the capture is made here (the model loads inside this
+    process) and a manifest records its settings for the next notebook.
+    Overrides come from ``namespace`` (a notebook passes ``globals()``, so
+    papermill ``-p seq_len 1024`` takes effect) and keyword arguments; a capture
+    setting that differs from the existing capture is an error, never mixed.
+    Metrics are cached per analysis options (see :func:`load_or_analyze`).
+    """
+    run_dir = Path(run_dir)
+    capture, analysis = run_settings(run_dir, namespace, **overrides)
+    return _open_run(run_dir, _normalized(capture), analysis)
+
+
+def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **params) -> xr.Dataset:
+    """Open ``RUN/capture.nc``, or capture it first (kept for notebooks written before :func:`load_run`).
+
+    ``params`` are :class:`CaptureOptions` fields over the run's settings; other settings than the existing
+    capture's are an error.
+    """
+    if revision is not None:
+        params["revision"] = revision
+    run_dir = Path(run_dir)
+    options = _normalized(CaptureOptions.from_kwargs(run_settings(run_dir)[0], **params))
+    with _quiet():
+        path = _ensure_capture(run_dir, options, AnalysisOptions(seed=options.seed))
+    cap = open_capture(path)
+    diff = _differences(cap.attrs, options)
+    if diff:
+        raise CaptureError(f"{path} was captured with other parameters ({'; '.join(diff)}); "
+                           "use another run directory or delete it")
+    return cap
 
 
 # --------------------------------------------------------------------------- qkplast run
@@ -195,68 +453,155 @@ def _versions() -> dict:
     return out
 
 
-def _literal(text: str):
-    """Parse a ``-p name value`` value: a Python literal (number, list, dict, quoted string) or a bare string."""
-    low = text.lower()
-    if low in ("true", "false", "none"):
-        return {"true": True, "false": False, "none": None}[low]
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
 @dataclass
 class RunResult:
     run_dir: Path
     manifest: dict
 
 
-def run(model: str, out: str | os.PathLike | None = None, *, device: str = "cpu", parameters: dict | None = None,
-        notebooks: list[Path] | None = None, overwrite: bool = False, progress: bool = True) -> RunResult:
-    """Capture, analyse and execute every notebook for ``model``; write a manifest.
+def _default_out(capture: CaptureOptions) -> Path:
+    return Path("runs") / capture.model.replace("/", "__").replace("@", "--")
 
-    ``parameters`` are passed to every notebook (papermill ``-p``); those that
-    a notebook does not declare are ignored by it. A failing notebook raises
-    :class:`RunError` naming the notebook, the cell and the error; the
-    manifest then records the failure.
+
+def _targets(out: Path, capture: CaptureOptions, parameters: dict) -> list[tuple[Path, CaptureOptions]]:
+    """Every capture the notebooks read: the run's own, the code corpus's (notebook 09) and the checkpoints'
+    (notebook 10, in ``RUN/checkpoints/<owner__name--revision>`` as :func:`qkplast.results.checkpoint_metrics` reads)."""
+    targets = [(out, capture), (out / CODE_DIR, replace(capture, corpus=parameters.get("code_corpus", CODE_CORPUS)))]
+    for ckpt in parameters.get("checkpoints") or []:
+        model, _, revision = ckpt.partition("@")
+        slug = ckpt.replace("/", "__").replace("@", "--")
+        targets.append((out / "checkpoints" / slug, replace(capture, model=model, revision=revision or None)))
+    return targets
+
+
+def _capture_stage(targets, analysis: AnalysisOptions, progress: bool) -> int:
+    """Every missing capture, one load per model (released before the next and before returning).
+
+    The corpora are checked (tokenizer only) before any weights load. Returns the number of model loads.
+    """
+    for run_dir, options in targets:
+        _check_same_capture(run_dir, options)
+    missing = [(d, o) for d, o in targets if not (d / "capture.nc").exists()]
+    for _, options in missing:
+        _check_windows(options)
+    from .models import split_revision
+
+    models = list(dict.fromkeys(split_revision(o.model, o.revision) for _, o in missing))
+    for model in models:
+        group = [(d, o) for d, o in missing if split_revision(o.model, o.revision) == model]
+        loaded = _load(group[0][1])
+        try:
+            for run_dir, options in group:
+                if progress:
+                    print(f"[qkplast run] capture: {options.corpus}, {options.docs} windows of {options.seq_len} "
+                          f"tokens -> {run_dir / 'capture.nc'}", file=sys.stderr, flush=True)
+                _ensure_capture(run_dir, options, analysis, loaded=loaded, progress=progress)
+        finally:
+            release_model(loaded)
+            del loaded
+            gc.collect()
+    return len(models)
+
+
+def _source_digest(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:16]
+
+
+def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = None, *,
+        analysis: AnalysisOptions | None = None, parameters: dict | None = None, stage: str = "notebooks",
+        overwrite: bool = False, progress: bool = True, notebooks: list[Path] | None = None) -> RunResult:
+    """Capture, analyse and execute every notebook for one capture setting; write a manifest.
+
+    Parameters
+    ----------
+    capture : CaptureOptions, optional
+        The capture settings (default: those of an existing run directory, else
+        the :class:`CaptureOptions` defaults).
+    out : path, optional
+        Run directory (default ``runs/<model>``).
+    analysis : AnalysisOptions, optional
+        Analysis options of the run (default: those of an existing run directory,
+        else the thesis defaults with the capture's seed).
+    parameters : dict, optional
+        Notebook parameters (``n_boot``, ``code_corpus``, ...), passed to every notebook.
+    stage : {"capture", "analyze", "notebooks"}
+        Stop after this stage.
+    overwrite : bool
+        Delete an existing run directory first; otherwise a rerun reuses what is
+        finished (captures, analyses, notebooks whose source and parameters did
+        not change) and refuses other capture or analysis settings.
+    progress : bool
+        Progress per document (with ETA) during the captures, per cell in the notebooks.
+    notebooks : list of Path, optional
+        Notebooks to execute (default: every ``notebooks/NN_*.ipynb``).
+
+    Raises
+    ------
+    RunError
+        A failing notebook (naming it, the cell and the error; the manifest records
+        the failure) or a run directory made with other settings.
     """
     import papermill as pm
 
-    out = Path(out or Path("runs") / model.replace("/", "__"))
-    params = {**DEFAULTS, **(parameters or {}), "model": model, "device": device}
-    nb_out = out / "notebooks"
+    if stage not in STAGES:
+        raise RunError(f"stage must be one of {STAGES}, got {stage!r}")
+    out = Path(out or _default_out(capture or CaptureOptions()))
     if out.exists() and overwrite:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    nb_out.mkdir(exist_ok=True)
-    manifest = {"model": model, "device": device, "parameters": params, "versions": _versions(),
-                "command": sys.argv, "timings_s": {}, "notebooks": [], "status": "running"}
-    if device.startswith("cuda"):
+    recorded_capture, recorded_analysis = run_settings(out)
+    capture = _normalized(capture or recorded_capture)
+    _check_same_capture(out, capture)
+    previous = _manifest(out) or {}
+    analysis = analysis or (recorded_analysis if previous.get("analysis") else AnalysisOptions(seed=capture.seed))
+    parameters = dict(parameters or {})
+    if previous.get("analysis") and AnalysisOptions(**previous["analysis"]).result_key() != analysis.result_key():
+        raise RunError(f"{out} was analysed with other options; use another run directory (--out) or --overwrite")
+    manifest = {"capture": capture.to_dict(), "analysis": analysis.to_dict(), "parameters": parameters,
+                "versions": _versions(), "command": sys.argv, "commit": previous.get("commit"),
+                "timings_s": dict(previous.get("timings_s", {})), "notebooks": list(previous.get("notebooks", [])),
+                "stage": stage, "status": "running"}
+    if capture.device.startswith("cuda"):
         import torch
 
         manifest["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
-    def write_manifest():
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
-
-    capture_params = {k: v for k, v in params.items() if k in CAPTURE_KEYS}
+    targets = _targets(out, capture, parameters)
+    _write_manifest(out, {**previous, **manifest})
     t0 = time.perf_counter()
-    cap = load_or_capture(out, **capture_params)
+    _capture_stage(targets, analysis, progress)
     manifest["timings_s"]["capture"] = round(time.perf_counter() - t0, 2)
-    # analysis options given as -p NAME VALUE reach every notebook as its `analysis` parameter
-    analysis = {**params.pop("analysis", {}),
-                **{k: v for k, v in params.items() if k in AnalysisOptions.__dataclass_fields__ and k != "seed"}}
-    params["analysis"] = analysis
-    t0 = time.perf_counter()
-    load_or_analyze(out, cap, seed=params["seed"], **analysis)
-    manifest["timings_s"]["analyze"] = round(time.perf_counter() - t0, 2)
-    write_manifest()
+    manifest["commit"] = open_dataset(out / "capture.nc").attrs.get("commit")
+    _write_manifest(out, manifest)
+    if stage == "capture":
+        return _finish(out, manifest)
 
-    nb_params = {**params, "run_dir": str(out.resolve())}
-    for path in notebooks or notebook_paths():
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    for run_dir, _ in targets:
+        load_or_analyze(run_dir, open_capture(run_dir / "capture.nc"), **analysis.to_dict())
+    manifest["timings_s"]["analyze"] = round(time.perf_counter() - t0, 2)
+    _write_manifest(out, manifest)
+    if stage == "analyze":
+        return _finish(out, manifest)
+
+    nb_out = out / "notebooks"
+    nb_out.mkdir(exist_ok=True)
+    done = {e["name"]: e for e in manifest["notebooks"] if e.get("status") == "ok"}
+    manifest["notebooks"] = []
+    paths = notebooks or notebook_paths()
+    for i, path in enumerate(paths, 1):
+        # each notebook gets the parameters it declares (papermill warns about the others)
+        declared = _declared_parameters(path)
+        nb_params = {**{k: v for k, v in parameters.items() if k in declared}, "run_dir": str(out.resolve())}
         target = nb_out / path.name
+        digest = _source_digest(path)
+        entry = done.get(path.name)
+        if entry and entry.get("source") == digest and entry.get("parameters") == nb_params and target.exists():
+            manifest["notebooks"].append(entry)
+            continue
+        if progress:
+            print(f"[qkplast run] notebook {i}/{len(paths)}: {path.name}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         try:
             pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(path.parent),
                                 progress_bar=progress, kernel_name="python3")
@@ -264,15 +609,20 @@ def run(model: str, out: str | os.PathLike | None = None, *, device: str = "cpu"
             manifest["status"] = "failed"
             manifest["notebooks"].append({"name": path.name, "status": "failed", "cell": exc.exec_count,
                                           "error": f"{exc.ename}: {exc.evalue}"})
-            write_manifest()
-            raise RunError(f"notebook {path.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
+            _write_manifest(out, manifest)
+            raise RunError(f"notebook {path.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
                            f"(executed copy with the traceback: {target})") from exc
-        manifest["notebooks"].append({"name": path.name, "status": "ok",
-                                      "seconds": round(time.perf_counter() - t0, 2)})
-        manifest["timings_s"][path.stem] = round(time.perf_counter() - t0, 2)
-        write_manifest()
+        seconds = round(time.perf_counter() - t0, 2)
+        manifest["notebooks"].append({"name": path.name, "status": "ok", "seconds": seconds, "source": digest,
+                                      "parameters": nb_params})
+        manifest["timings_s"][path.stem] = seconds
+        _write_manifest(out, manifest)
+    return _finish(out, manifest)
+
+
+def _finish(out: Path, manifest: dict) -> RunResult:
     manifest["status"] = "ok"
-    write_manifest()
+    _write_manifest(out, manifest)
     return RunResult(out, manifest)
 
 
@@ -330,5 +680,6 @@ def context_profiles(run_dirs: list[str | os.PathLike]) -> xr.DataArray:
     return xr.concat(profiles, "run")
 
 
-__all__ = ["DEFAULTS", "RunError", "compare", "context_profiles", "load_or_analyze", "load_or_bootstrap",
-           "load_or_capture", "run", "summarize"]
+__all__ = ["Run", "RunError", "RunResult", "capture_file", "compare", "context_profiles", "load_or_analyze",
+           "load_or_bootstrap", "load_or_capture", "load_run", "notebook_parameters", "release_model", "run",
+           "run_settings", "split_parameters", "summarize"]

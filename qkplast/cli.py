@@ -1,7 +1,11 @@
-"""Command line: ``qkplast prepare``, ``capture``, ``analyze``, ``theory``.
+"""Command line: ``qkplast prepare``, ``capture``, ``plan``, ``analyze``, ``run``, ``compare``, ``theory``.
 
-Every analysis option of :class:`qkplast.AnalysisOptions` is a flag
-(``--covariance full``, ``--n-pairs 512``), with the same documented default.
+Every field of :class:`qkplast.CaptureOptions` is a flag of ``capture``,
+``plan`` and ``run`` (``--seq-len 8192``), every field of
+:class:`qkplast.AnalysisOptions` a flag of ``analyze`` and ``run``
+(``--covariance full``), with the same names and documented defaults.
+Errors meant for the user (any :class:`qkplast.errors.QkplastError`, file
+errors) are reported at one site, :func:`main`: one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -12,9 +16,25 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
-from ._capture_cli import add_capture_parser, add_prepare_parser
+from ._capture_cli import add_capture_flags, add_capture_parser, add_plan_flags, add_plan_parser, add_prepare_parser
+from .errors import QkplastError
 from ._study_cli import add_study_parser
 from .options import _CHOICES, AnalysisOptions
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors reach the one catch site in :func:`main` (one line, exit 2)."""
+
+    def error(self, message):
+        exc = _UsageError(f"{message} (see {self.prog} --help)")
+        exc.prog = self.prog
+        raise exc
+
+
+class _UsageError(QkplastError):
+    """A command line that does not parse; ``prog`` is the (sub)command it was meant for."""
+
+    prog = "qkplast"
 
 
 def _bool(text: str) -> bool:
@@ -26,13 +46,19 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
-def add_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per analysis option, typed from its default."""
+def add_option_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = (), suppress: bool = False) -> None:
+    """One flag per analysis option, typed from its default (``skip``: names another group owns).
+
+    With ``suppress`` only the flags given reach the namespace (``qkplast run`` merges them with ``-p``).
+    """
     group = parser.add_argument_group("analysis options (see qkplast.AnalysisOptions)")
     for f in fields(AnalysisOptions):
+        if f.name in skip:
+            continue
         flag = "--" + f.name.replace("_", "-")
         kind = type(f.default)
-        kwargs = {"dest": f.name, "default": f.default, "help": f"default: {f.default}"}
+        kwargs = {"dest": f.name, "default": argparse.SUPPRESS if suppress else f.default,
+                  "help": f"default: {f.default}"}
         if f.name in _CHOICES:
             kwargs["choices"] = _CHOICES[f.name]
         elif kind is bool:
@@ -77,19 +103,32 @@ def cmd_theory(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from .batch import RunError, _literal, run
+def _analysis_from_args(args: argparse.Namespace, capture_seed: int, overrides: dict) -> AnalysisOptions:
+    """Analysis options of ``qkplast run``: its analysis flags, the seed of the capture, then ``-p`` overrides."""
+    given = {f.name: getattr(args, f.name) for f in fields(AnalysisOptions) if hasattr(args, f.name)}
+    return AnalysisOptions(**{"seed": capture_seed, **given, **overrides})
 
-    params = {name: _literal(value) for name, value in (args.parameter or [])}
-    try:
-        result = run(args.model, args.out, device=args.device, parameters=params, overwrite=args.overwrite,
-                     progress=not args.no_progress)
-    except RunError as exc:
-        print(f"qkplast run: {exc}", file=sys.stderr)
-        return 1
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ._capture_cli import capture_options
+    from .batch import run, split_parameters
+
+    capture_overrides, analysis_overrides, notebook = split_parameters(args.parameter or [])
+    capture = capture_options(args, **capture_overrides)
+    analysis = _analysis_from_args(args, capture.seed, analysis_overrides)
+    if args.dry_run:
+        from .plan import plan_capture
+
+        plan = plan_capture(capture, device_memory_gb=args.device_memory_gb)
+        print(plan)
+        plan.check()
+        print("dry run: nothing captured")
+        return 0
+    result = run(capture, args.out, analysis=analysis, parameters=notebook, stage=args.stage,
+                 overwrite=args.overwrite, progress=not args.no_progress)
     m = result.manifest
-    print(f"ran {len(m['notebooks'])} notebooks for {args.model!r} in {sum(m['timings_s'].values()):.0f} s; "
-          f"outputs in {result.run_dir}")
+    print(f"{args.stage} stage done for {capture.model!r} in {sum(m['timings_s'].values()):.0f} s "
+          f"({len(m['notebooks'])} notebooks); outputs in {result.run_dir}")
     return 0
 
 
@@ -105,7 +144,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qkplast", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="qkplast", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("analyze", help="PCA, rotation and plasticity metrics of a capture")
@@ -119,14 +158,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_capture_parser(sub)
     add_study_parser(sub)
 
-    p = sub.add_parser("run", help="capture, analyse and execute every notebook for one model (papermill)")
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded), a local directory or a hub id")
+    add_plan_parser(sub)
+
+    p = sub.add_parser("run", help="capture, analyse and execute every notebook for one model (papermill)",
+                       description="One model load: the captures every notebook needs, then the analyses, then the "
+                       "notebooks (papermill). A rerun reuses what is finished.")
     p.add_argument("--out", default=None, help="run directory (default: runs/MODEL)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 on a GPU)")
-    p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                   help="notebook/capture/analysis parameter, e.g. -p docs 16 -p covariance full")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
+                   help="a capture option, analysis option or notebook parameter, typed from its definition, "
+                   "e.g. -p docs 16 -p covariance full -p n_boot 100")
+    p.add_argument("--stage", choices=("capture", "analyze", "notebooks"), default="notebooks",
+                   help="stop after this stage (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="print the capture plan (qkplast plan) and stop")
+    add_plan_flags(p)
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory first")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_capture_flags(p)
+    add_option_flags(p, skip=("seed", "device"), suppress=True)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="cross-model table of headline metrics from run directories")
@@ -140,12 +188,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What the catch site reports in one line: qkplast's own errors, file errors and a missing optional package.
+_USER_ERRORS = (QkplastError, OSError, ImportError)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Entry point of ``qkplast``: the one place that turns an error into one line on stderr and exit status 2."""
+    command = "qkplast"
     try:
+        args = build_parser().parse_args(argv)
+        command = f"qkplast {args.command}"
         return args.func(args)
-    except (FileExistsError, FileNotFoundError, PermissionError, ValueError, TypeError) as exc:
-        print(f"qkplast {args.command}: error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if not isinstance(exc, _USER_ERRORS):
+            raise
+        command = getattr(exc, "prog", command)
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -6,6 +6,12 @@ provides corpora that work without network access:
 ``pydoc-topics``
     Prose: the language reference topics every CPython install carries in
     :mod:`pydoc_data.topics` (one document per topic, sorted by topic name).
+``python-docs``
+    Long natural prose: the reStructuredText sources of the CPython
+    documentation that Debian's ``python3-doc`` package ships under
+    ``/usr/share/doc/python3.X/html/_sources`` (about 500 documents, one per
+    page, the longest ~50K tokens), sorted by path; each document's id is its
+    path without ``.rst.txt`` (``library/os``). The default run's corpus.
 ``stdlib-code``
     Code: the standard library's own ``.py`` sources, sorted by path relative to
     the standard library directory; ``site-packages`` and the regression-test
@@ -28,6 +34,7 @@ short documents).
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import sysconfig
@@ -37,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .errors import QkplastError
 
 __all__ = [
     "CorpusError",
@@ -49,14 +58,17 @@ __all__ = [
     "open_corpus",
     "iter_windows",
     "describe_policy",
+    "count_windows",
+    "python_docs_root",
 ]
 
-NAMED_CORPORA = ("pydoc-topics", "stdlib-code")
+NAMED_CORPORA = ("python-docs", "pydoc-topics", "stdlib-code")
+PYTHON_DOCS_GLOB = "/usr/share/doc/python3*/html/_sources"
 SHORT_DOC_POLICIES = ("concat", "skip")
 _STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 
 
-class CorpusError(ValueError):
+class CorpusError(QkplastError):
     """A corpus cannot be found, read or cut into windows."""
 
 
@@ -130,6 +142,43 @@ def _pydoc_topics() -> Iterator[Document]:
 
     for name in sorted(topics):
         yield Document(name, topics[name])
+
+
+def python_docs_root(pattern: str = PYTHON_DOCS_GLOB) -> Path:
+    """The CPython documentation sources of Debian's python3-doc: the ``_sources`` directory with the most pages.
+
+    Debian links several ``python3*`` doc directories to one tree; the one
+    matching the running interpreter's version wins a tie.
+
+    Raises
+    ------
+    CorpusError
+        If no such directory holds ``.rst.txt`` files; the message says how to install them.
+    """
+    import glob
+
+    own = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found = {}
+    for directory in sorted(glob.glob(pattern)):
+        real = Path(directory).resolve()
+        if real not in found:
+            count = sum(1 for _ in real.rglob("*.rst.txt"))
+            if count:
+                found[real] = (count, own in directory)
+    if not found:
+        raise CorpusError(
+            f"corpus 'python-docs' needs the CPython documentation sources of Debian's python3-doc package "
+            f"(looked for {pattern}/**/*.rst.txt): install it with 'apt-get install python3-doc', "
+            "or pick another corpus (--corpus pydoc-topics, a .txt/.jsonl path or hf:NAME)"
+        )
+    return max(found, key=lambda d: (found[d][0], found[d][1], str(d)))
+
+
+def _python_docs(root: Path) -> Iterator[Document]:
+    files = sorted(root.rglob("*.rst.txt"), key=lambda p: p.relative_to(root).as_posix())
+    for path in files:
+        yield Document(path.relative_to(root).as_posix().removesuffix(".rst.txt"),
+                       path.read_text(encoding="utf-8", errors="replace"))
 
 
 def _stdlib_root() -> Path:
@@ -225,7 +274,7 @@ def open_corpus(spec: str, *, text_field: str = "text", id_field: str = "id") ->
     Parameters
     ----------
     spec : str
-        ``pydoc-topics``, ``stdlib-code``, a path to a ``.txt`` / ``.jsonl`` file
+        ``python-docs``, ``pydoc-topics``, ``stdlib-code``, a path to a ``.txt`` / ``.jsonl`` file
         or a directory of them, or ``hf:<name>[:<split>]``.
     text_field, id_field : str
         Fields of ``.jsonl`` records and dataset rows holding the text and the
@@ -241,6 +290,11 @@ def open_corpus(spec: str, *, text_field: str = "text", id_field: str = "id") ->
     CorpusError
         If ``spec`` names nothing that exists.
     """
+    if spec == "python-docs":
+        root = python_docs_root()
+        details = {"kind": "named", "name": spec, "source": str(root), "package": "Debian python3-doc",
+                   "documents": sum(1 for _ in root.rglob("*.rst.txt"))}
+        return Corpus(spec, details, lambda: _python_docs(root))
     if spec == "pydoc-topics":
         details = {"kind": "named", "name": spec, "source": "pydoc_data.topics", "python": sys.version.split()[0]}
         return Corpus(spec, details, _pydoc_topics)
@@ -385,3 +439,66 @@ def describe_policy(short_docs: str) -> str:
             "longer documents are truncated to seq_len"
         )
     return "documents shorter than seq_len are skipped and counted; longer documents are truncated to seq_len"
+
+
+def count_windows(corpus: Corpus | Iterable[Document], tokenizer, options, *, strict: bool = True) -> int:
+    """The windows ``corpus`` yields for the capture ``options``, counted by tokenizing only (no model).
+
+    Counting stops once ``options.docs`` windows are found, so the check costs
+    the tokenization of the documents the capture will read anyway.
+
+    Parameters
+    ----------
+    corpus : Corpus or iterable of Document
+    tokenizer : transformers tokenizer
+    options : qkplast.CaptureOptions
+        ``seq_len`` (resolved, not None), ``docs``, ``short_docs``.
+    strict : bool
+        Raise when the corpus cannot fill the request (default); otherwise just count.
+
+    Returns
+    -------
+    int
+        ``min(windows, options.docs)``.
+
+    Raises
+    ------
+    CorpusError
+        With ``strict``: fewer windows than ``options.docs`` (or none at all);
+        the message names a corpus that can fill them, when one exists here.
+    """
+    if options.seq_len is None:
+        raise CorpusError("count_windows needs a resolved seq_len (the model's maximum when the option is None)")
+    stats = WindowStats()
+    windows = iter_windows(corpus, tokenizer, options.seq_len, short_docs=options.short_docs, stats=stats)
+    n = sum(1 for _ in itertools.islice(windows, options.docs))
+    wanted = options.docs or 1
+    if strict and n < wanted:
+        spec = corpus.spec if isinstance(corpus, Corpus) else "in-memory documents"
+        raise CorpusError(
+            f"corpus {spec!r} yields {n} window(s) of {options.seq_len} tokens with short_docs={options.short_docs!r} "
+            f"({stats.documents_read} documents read, {stats.short_documents_skipped} shorter ones skipped, "
+            f"{stats.short_documents_left_over} left over), but {wanted} were asked for; "
+            + _fill_hint(spec, tokenizer, options, wanted)
+        )
+    return n
+
+
+def _fill_hint(spec: str, tokenizer, options, wanted: int) -> str:
+    """Which offline corpus (and policy) fills ``wanted`` windows for these options, checked by counting."""
+    from dataclasses import replace
+
+    generic = (f"pass longer documents (--corpus FILE.jsonl or hf:NAME), fewer --docs, or a shorter --seq-len "
+               f"than {options.seq_len}")
+    try:
+        docs = open_corpus("python-docs")
+    except CorpusError:
+        return generic + " (the long-document corpus python-docs needs 'apt-get install python3-doc')"
+    for policy in ("skip", "concat"):
+        if spec == "python-docs" and policy == options.short_docs:
+            continue
+        trial = replace(options, short_docs=policy)
+        if count_windows(docs, tokenizer, trial, strict=False) >= wanted:
+            how = "single documents" if policy == "skip" else "short documents concatenated"
+            return f"--corpus python-docs --short-docs {policy} fills them ({how})"
+    return "no offline corpus here holds that many; " + generic

@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from .errors import QkplastError
+
 __all__ = [
     "CaptureError",
     "REQUIRED_ATTRS",
@@ -48,7 +50,7 @@ _ATTRS_KEY = "_qkplast_attrs_json"
 FORMAT_VERSION = 1
 
 
-class CaptureError(ValueError):
+class CaptureError(QkplastError):
     """A capture or metrics dataset does not follow the documented contract."""
 
 
@@ -200,12 +202,24 @@ def open_dataset(path: str | os.PathLike) -> xr.Dataset:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no such file: {path}")
-    with xr.open_dataset(path, engine="h5netcdf") as f:
-        ds = f.load()
+    if path.is_dir():
+        raise CaptureError(f"{path} is a directory, not a netCDF file written by qkplast")
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as f:
+            ds = f.load()
+    except (OSError, ValueError, KeyError) as exc:  # h5py and h5netcdf report a corrupt or foreign file so
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CaptureError(
+            f"{path} is not a readable netCDF-4 file ({reason}); it may be truncated or not a qkplast output: "
+            "write it again (qkplast capture / qkplast analyze)"
+        ) from exc
     raw = ds.attrs.get(_ATTRS_KEY)
     if raw is None:
         raise CaptureError(f"{path} was not written by qkplast (no {_ATTRS_KEY!r} attribute)")
-    payload = json.loads(raw)
+    try:
+        payload = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise CaptureError(f"{path}: the qkplast attributes are damaged ({exc.msg}); write the file again") from exc
     ds.attrs = json.loads(payload["dataset"])
     for name, var in ds.variables.items():
         var.attrs = json.loads(payload["vars"].get(name, "{}"))

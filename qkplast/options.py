@@ -10,6 +10,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
+from .errors import QkplastError
+
+
+class OptionsError(QkplastError):
+    """An option value is out of range or of the wrong type."""
+
+
+class UnknownOptionError(QkplastError, TypeError):
+    """An option name that the options class does not have (a TypeError too, as for a bad keyword)."""
+
+
 _CHOICES = {
     "query_position": ("midpoint", "mean"),
     "semantic_stats": ("per_bucket", "global"),
@@ -24,6 +35,8 @@ _CHOICES = {
 
 
 EXECUTION_OPTIONS = ("device", "head_chunk")
+
+__all__ = ["AnalysisOptions", "CaptureOptions", "OptionsError", "PRESETS", "UnknownOptionError", "coerce_value", "typed_option"]
 
 
 @dataclass(frozen=True)
@@ -155,28 +168,29 @@ class AnalysisOptions:
     n_model_queries: int = 32
 
     def __post_init__(self):
+        _coerce_fields(self)
         # a tuple whatever came in (a list from a saved dataset's attrs), so saved options compare equal
         object.__setattr__(self, "set_sizes", tuple(int(m) for m in self.set_sizes))
         if any(m < 0 or m == 1 for m in self.set_sizes) or len(set(self.set_sizes)) != len(self.set_sizes):
-            raise ValueError(f"option set_sizes must be distinct sizes >= 2 (or 0 for the whole set), got {self.set_sizes}")
+            raise OptionsError(f"option set_sizes must be distinct sizes >= 2 (or 0 for the whole set), got {self.set_sizes}")
         if self.n_sets < 1 or self.n_model_queries < 2:
-            raise ValueError(f"options n_sets >= 1 and n_model_queries >= 2 needed, got {self.n_sets}, {self.n_model_queries}")
+            raise OptionsError(f"options n_sets >= 1 and n_model_queries >= 2 needed, got {self.n_sets}, {self.n_model_queries}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"option {name}={getattr(self, name)!r} is not one of {allowed}")
+                raise OptionsError(f"option {name}={getattr(self, name)!r} is not one of {allowed}")
         if not 0 <= self.taxonomy_low <= self.taxonomy_high <= 1:
-            raise ValueError("taxonomy thresholds need 0 <= taxonomy_low <= taxonomy_high <= 1")
+            raise OptionsError("taxonomy thresholds need 0 <= taxonomy_low <= taxonomy_high <= 1")
         if not 0 < self.edge_fraction <= 0.5:
-            raise ValueError(f"edge_fraction must lie in (0, 0.5], got {self.edge_fraction}")
+            raise OptionsError(f"edge_fraction must lie in (0, 0.5], got {self.edge_fraction}")
         if self.head_chunk < 0:
-            raise ValueError(f"option head_chunk must be >= 0 (0 = automatic), got {self.head_chunk}")
+            raise OptionsError(f"option head_chunk must be >= 0 (0 = automatic), got {self.head_chunk}")
         for name in ("n_pairs", "context_bins", "map_bins"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"option {name} must be >= 1, got {getattr(self, name)}")
+                raise OptionsError(f"option {name} must be >= 1, got {getattr(self, name)}")
         if self.min_bucket_samples < 2:
-            raise ValueError("min_bucket_samples must be >= 2: a variance needs two samples")
+            raise OptionsError("min_bucket_samples must be >= 2: a variance needs two samples")
         if self.covariance == "joint" and (self.positional_fit, self.semantic_stats) != ("per_bucket", "per_bucket"):
-            raise ValueError(
+            raise OptionsError(
                 'covariance="joint" models all coordinates from the bucket\'s own queries; '
                 'it needs positional_fit="per_bucket" and semantic_stats="per_bucket"'
             )
@@ -187,7 +201,7 @@ class AnalysisOptions:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:
-            raise TypeError(f"unknown analysis option(s) {unknown}; valid options: {sorted(names)}")
+            raise UnknownOptionError(f"unknown analysis option(s) {unknown}; valid options: {sorted(names)}")
         return replace(options or cls(), **overrides)
 
     def to_dict(self) -> dict:
@@ -260,6 +274,13 @@ class CaptureOptions:
         Query heads sampled (300 as in the thesis; None: all).
     seed : int
         Seed of head and position sampling.
+
+    The defaults are the embedded default run, the thesis's setting in
+    miniature: SmolLM2-135M across its whole trained window (8192 tokens, 16
+    buckets of 512), on single long documents of the CPython documentation
+    (``python-docs``, documents shorter than the window skipped, never
+    concatenated), 4 documents x 8 expected samples per bucket = 32 queries per
+    bucket. :data:`PRESETS` holds a shorter setting for fast tests.
     """
 
     model: str = "smollm2-135m"
@@ -269,32 +290,33 @@ class CaptureOptions:
     dtype: str = "auto"
     attn: str = "sdpa"
     allow_unverified: bool = False
-    corpus: str = "pydoc-topics"
-    docs: int | None = 8
-    seq_len: int | None = 2048
-    short_docs: str = "concat"
+    corpus: str = "python-docs"
+    docs: int | None = 4
+    seq_len: int | None = 8192
+    short_docs: str = "skip"
     text_field: str = "text"
     id_field: str = "id"
-    bucket_size: int | None = 128
-    samples_per_bucket: float = 4.0
+    bucket_size: int | None = 512
+    samples_per_bucket: float = 8.0
     min_per_bucket: int = 0
     heads: int | None = 300
     seed: int = 0
 
     def __post_init__(self):
+        _coerce_fields(self)
         for name, allowed in _CAPTURE_CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"capture option {name}={getattr(self, name)!r} is not one of {allowed}")
+                raise OptionsError(f"capture option {name}={getattr(self, name)!r} is not one of {allowed}")
         for name in ("docs", "seq_len", "bucket_size", "heads"):
             value = getattr(self, name)
             if value is not None and int(value) < 1:
-                raise ValueError(f"capture option {name} must be >= 1 or None, got {value}")
+                raise OptionsError(f"capture option {name} must be >= 1 or None, got {value}")
         if self.samples_per_bucket <= 0:
-            raise ValueError(f"capture option samples_per_bucket must be > 0, got {self.samples_per_bucket}")
+            raise OptionsError(f"capture option samples_per_bucket must be > 0, got {self.samples_per_bucket}")
         if self.min_per_bucket < 0:
-            raise ValueError(f"capture option min_per_bucket must be >= 0, got {self.min_per_bucket}")
+            raise OptionsError(f"capture option min_per_bucket must be >= 0, got {self.min_per_bucket}")
         if self.seq_len is not None and self.bucket_size is not None and self.bucket_size > self.seq_len:
-            raise ValueError(f"bucket_size {self.bucket_size} exceeds seq_len {self.seq_len}; pick a smaller --bucket-size")
+            raise OptionsError(f"bucket_size {self.bucket_size} exceeds seq_len {self.seq_len}; pick a smaller --bucket-size")
 
     @classmethod
     def from_kwargs(cls, options: "CaptureOptions | None" = None, **overrides) -> "CaptureOptions":
@@ -302,7 +324,7 @@ class CaptureOptions:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:
-            raise TypeError(f"unknown capture option(s) {unknown}; valid options: {sorted(names)}")
+            raise UnknownOptionError(f"unknown capture option(s) {unknown}; valid options: {sorted(names)}")
         return replace(options or cls(), **overrides)
 
     def to_dict(self) -> dict:
@@ -311,3 +333,97 @@ class CaptureOptions:
     def result_key(self) -> dict:
         """The options that can change what is captured: all but ``device``."""
         return {k: v for k, v in asdict(self).items() if k not in CAPTURE_EXECUTION_OPTIONS}
+
+
+
+# --------------------------------------------------------------------------- typed values
+
+
+def _field_kinds(cls, name: str) -> tuple[tuple[type, ...], bool]:
+    """The value types of a dataclass field (from its annotation) and whether ``None`` is allowed."""
+    f = cls.__dataclass_fields__[name]
+    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if text.startswith("Literal"):
+        return (str,), False
+    if text.startswith("tuple"):
+        return (tuple,), False
+    parts = [p.strip() for p in text.split("|")]
+    kinds = tuple({"int": int, "float": float, "bool": bool, "str": str}[p] for p in parts if p != "None")
+    return kinds, "None" in parts
+
+
+def coerce_value(kinds: tuple[type, ...], nullable: bool, value, name: str):
+    """``value`` (text from the command line, or an already parsed literal) as one of ``kinds``.
+
+    Raises
+    ------
+    QkplastError
+        The value cannot be read as the option's type; the message names option, value and type.
+    """
+    want = " or ".join(k.__name__ for k in kinds) + (" or none" if nullable else "")
+    if kinds == (tuple,):
+        if isinstance(value, str):
+            import ast
+
+            try:
+                value = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                raise OptionsError(f"option {name} expects a tuple such as (2, 8), got {value!r}") from None
+        if isinstance(value, (list, tuple)):
+            return tuple(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (value,)
+        raise OptionsError(f"option {name} expects a tuple such as (2, 8), got {value!r}")
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if nullable and low in ("none", "null", "all", ""):
+            return None
+        for kind in kinds:
+            if kind is bool:
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+            elif kind is str:
+                return value
+            else:
+                try:
+                    number = float(value)
+                except ValueError:
+                    continue
+                if kind is int and not number.is_integer():
+                    continue
+                return kind(number)
+        raise OptionsError(f"option {name} expects {want}, got {value!r}")
+    if value is None and nullable:
+        return value
+    for kind in kinds:
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if kind is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return value
+    raise OptionsError(f"option {name} expects {want}, got {value!r} ({type(value).__name__})")
+
+
+def _coerce_fields(options) -> None:
+    """Convert every field of a frozen options object to its annotated type, or raise naming the field."""
+    for f in fields(options):
+        object.__setattr__(options, f.name, typed_option(type(options), f.name, getattr(options, f.name)))
+
+
+def typed_option(cls, name: str, value):
+    """``value`` converted to the type of field ``name`` of ``cls`` (``CaptureOptions`` or ``AnalysisOptions``)."""
+    kinds, nullable = _field_kinds(cls, name)
+    return coerce_value(kinds, nullable, value, name)
+
+
+#: Named capture settings. ``default`` is the default run; ``fast`` is the short
+#: setting of the fast tests and quick looks (2048-token windows of the pydoc
+#: topics, short topics concatenated, 8 windows x 4 samples = 32 queries per bucket).
+PRESETS = {
+    "default": CaptureOptions(),
+    "fast": CaptureOptions(corpus="pydoc-topics", docs=8, seq_len=2048, short_docs="concat", bucket_size=128,
+                           samples_per_bucket=4.0),
+}

@@ -39,33 +39,66 @@ class Rotary:
         return out[0, 0]
 
 
-def model_config(model: str):
-    """The (text) config of ``model``: the embedded alias, a local directory or a hub id."""
+def model_config(model, revision: str | None = None, rope_scaling: str | dict | None = None):
+    """The full config and the text config of ``model`` as a capture would load them.
+
+    ``model`` is the embedded alias, a local directory, a hub id (``owner/name@revision`` too) or a config
+    object; ``rope_scaling`` (``TYPE:FACTOR[:ORIGINAL]``) is applied as the capture applies it.
+    """
+    import os
+
     from transformers import AutoConfig
 
-    from .models import DEFAULT_MODEL, prepare_default_model
+    from .models import DEFAULT_MODEL, _apply_rope_scaling, parse_rope_scaling, prepare_default_model
 
-    source = str(prepare_default_model()) if model == DEFAULT_MODEL else model
-    if Path(source).exists() or model == DEFAULT_MODEL:
-        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    if isinstance(model, str):
+        name, _, rev = model.partition("@")
+        revision = revision or rev or None
+        source = str(prepare_default_model()) if name == DEFAULT_MODEL else name
+        offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes")
+                      for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+        local = Path(source).exists() or name == DEFAULT_MODEL
+        config = AutoConfig.from_pretrained(source, revision=None if local else revision,
+                                            local_files_only=local or offline)
     else:
-        config = AutoConfig.from_pretrained(source)
-    return getattr(config, "text_config", None) or config
+        config = model
+    scaling = parse_rope_scaling(rope_scaling)
+    if scaling is not None:
+        _apply_rope_scaling(config, scaling)
+    return config, config.get_text_config()
 
 
-def model_rotary(model: str = "smollm2-135m") -> Rotary:
-    """Instantiate ``model``'s rotary embedding class from its transformers modeling module."""
-    config = model_config(model)
-    mod = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
-    classes = [getattr(mod, n) for n in dir(mod) if n.endswith("RotaryEmbedding") and not n.startswith("_")]
+def _modeling_module(config, text):
+    """The transformers modeling module that defines the text model's rotary embedding.
+
+    A composite model (Llama 3.2 Vision: ``mllama`` with text config ``mllama_text_model``) keeps it in the
+    modeling file of the outer model type, so both names are tried.
+    """
+    for model_type in dict.fromkeys((text.model_type, config.model_type, text.model_type.split("_")[0])):
+        try:
+            return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        except ModuleNotFoundError:
+            continue
+    raise ValueError(f"no transformers modeling module for model type {text.model_type!r} ({config.model_type!r})")
+
+
+def model_rotary(model="smollm2-135m", revision: str | None = None, rope_scaling: str | dict | None = None) -> Rotary:
+    """Instantiate ``model``'s rotary embedding class from its transformers modeling module.
+
+    ``revision`` and ``rope_scaling`` are those of the capture, so the embedding is the one it ran.
+    """
+    config, text = model_config(model, revision, rope_scaling)
+    mod = _modeling_module(config, text)
+    classes = [getattr(mod, n) for n in dir(mod)
+               if n.endswith("RotaryEmbedding") and not n.startswith("_") and "Vision" not in n]
     if not classes or not hasattr(mod, "apply_rotary_pos_emb"):
-        raise ValueError(f"model type {config.model_type!r} has no rotary embedding in its modeling file")
-    module = classes[0](config=config)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    params = getattr(config, "rope_parameters", None) or {}
-    theta = float(params.get("rope_theta", getattr(config, "rope_theta", float("nan"))))
-    return Rotary(module, mod.apply_rotary_pos_emb, head_dim, theta, int(config.max_position_embeddings),
-                  module.inv_freq.double().numpy(), config.model_type)
+        raise ValueError(f"model type {text.model_type!r} has no rotary embedding in its modeling file")
+    module = classes[0](config=text)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    params = getattr(text, "rope_parameters", None) or {}
+    theta = float(params.get("rope_theta", getattr(text, "rope_theta", float("nan"))))
+    return Rotary(module, mod.apply_rotary_pos_emb, head_dim, theta, int(text.max_position_embeddings),
+                  module.inv_freq.double().numpy(), text.model_type)
 
 
 def frequency_table(rope: Rotary, context: int | None = None) -> pd.DataFrame:
@@ -100,7 +133,8 @@ def check_relative_property(rope: Rotary, n: int = 256, max_position: int | None
     base, shifted = score(t, i), score(t + s, i + s)
     norm = (q.norm(dim=-1) * k.norm(dim=-1))
     rel = ((base - shifted).abs() / norm).numpy()
-    exact = (q * k).sum(-1).double()
+    # YaRN and friends scale cos and sin by ``attention_scaling``, so at t = i = 0 the score is q.k times its square
+    exact = (q * k).sum(-1).double() * float(getattr(rope.module, "attention_scaling", 1.0)) ** 2
     same = score(np.zeros(n, int), np.zeros(n, int))  # at t = i = 0 the rotation is the identity
     table = pd.DataFrame({"t": t, "i": i, "shift": s, "score": base.numpy(), "score_shifted": shifted.numpy(),
                           "relative_deviation": rel})

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Build the companion book end to end and print where the HTML is.
-#   bash scripts/book.sh               the book of the embedded default model (one run)
+#   bash scripts/book.sh               the book of the default run (qkplast.CaptureOptions defaults)
 #   bash scripts/book.sh STUDY.yaml    the cross-model book: every run of the study is captured and analysed
 #                                      (qkplast study --stage analyze, local executor, resumable), the
 #                                      notebooks run on the study's first run and their results chapters
 #                                      read every run (notebook parameter `study`)
-# Steps: install (.venv) -> capture(s) -> analyses -> papermill -> Jupyter Book HTML.
-# Measured on a 2-core machine from a fresh clone: 6 minutes (install 1.5, capture 1, the 11 notebooks
-# 3.5 of which the bootstraps take 2, HTML a few seconds); a rerun reuses the install, captures and bootstraps.
+# The default run: SmolLM2-135M across its whole trained window, single documents of 8192 tokens from the
+# CPython documentation (Debian python3-doc), 16 buckets of 512 tokens, plus the same capture on the standard
+# library's code for notebook 09; one model load for both.
+# Steps: install (.venv, python3-doc) -> captures -> analyses -> papermill batch -> Jupyter Book HTML.
+# The measured duration is in README.md ("The two commands"); a rerun reuses the install, the captures, the
+# analyses and the executed notebooks.
 # QKPLAST_VENV=/path/to/venv uses an existing environment (with qkplast importable) and skips the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,11 +23,13 @@ if [ -n "$study" ] && [ ! -e "$study" ]; then
   exit 2
 fi
 if [ -n "$study" ]; then
-  echo "[book] building the cross-model book of $study; each run costs a capture and an analysis (about a minute each for the embedded model on 2 cores), then the notebooks run once (about 4 minutes)"
+  echo "[book] building the cross-model book of $study; each run costs a capture and an analysis, then the notebooks run once"
 else
-  echo "[book] building the companion book; expect about 6 minutes from scratch on 2 cores, 2-3 on a rerun"
+  echo "[book] building the companion book of the default run; see README.md for the measured duration"
 fi
 step "1/4 install"
+source scripts/_debian.sh
+apt_install python_docs_present python3-doc
 if [ -z "${QKPLAST_VENV:-}" ]; then bash scripts/setup.sh; else echo "[book] using $venv (no install)"; fi
 # OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another
 # process (a notebook kernel beside pytest) is busy on this 2-core machine.
@@ -36,8 +41,8 @@ if [ -n "$study" ]; then
   step "3/4 the notebooks on the study's first run, their results chapters reading every run"
   "$venv/bin/python" -c "import sys; from qkplast.crossrun import book_notebooks; book_notebooks(sys.argv[1], 'book/notebooks')" "$study"
 else
-  step "2/4 capture, analyses and notebooks for smollm2-135m (qkplast run; progress per notebook below)"
-  "$venv/bin/qkplast" run --model smollm2-135m --out runs/smollm2-135m
+  step "2/4 captures (progress per document), analyses and notebooks of the default run (qkplast run)"
+  "$venv/bin/qkplast" run --out runs/smollm2-135m
   step "3/4 collecting the executed notebooks of the default run (papermill's injected cell folded into the parameters cell)"
   cp runs/smollm2-135m/notebooks/*.ipynb book/notebooks/
   "$venv/bin/python" -c "import sys; from qkplast.crossrun import fold_injected_parameters; [fold_injected_parameters(p) for p in sys.argv[1:]]" book/notebooks/*.ipynb

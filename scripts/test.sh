@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Run every test: the package's pytest suite and the notebooks' nbval regression.
+# Run every test, all tiers: unit (unmarked), integration, acceptance, and the notebooks' nbval regression.
+# Arguments go to pytest. Fast path, unit tests only (a minute or two):
+#   bash scripts/test.sh -m "not integration and not acceptance"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

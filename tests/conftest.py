@@ -28,3 +28,11 @@ def _fixed_seeds():
 @pytest.fixture
 def rng():
     return np.random.default_rng(SEED)
+
+
+@pytest.fixture
+def fast_capture_options():
+    """The short capture setting of fast tests: 2048-token windows of pydoc-topics (qkplast.options.PRESETS)."""
+    from qkplast.options import PRESETS
+
+    return PRESETS["fast"]

@@ -1,5 +1,5 @@
-"""Batches: a papermill run on a tiny configuration produces every artifact; notebook parameters agree
-with the package defaults; capture reuse refuses other parameters."""
+"""Batches: a papermill run on a tiny configuration produces every artifact; one model load per run,
+released before the notebooks; notebooks hold no settings of their own; reuse refuses other settings."""
 
 import ast
 import json
@@ -10,7 +10,6 @@ import nbformat
 import pytest
 
 from qkplast import batch
-from qkplast.io import CaptureError
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -44,26 +43,29 @@ def test_every_notebook_is_paired_and_has_a_first_parameters_cell():
         )
 
 
-def test_notebook_parameters_match_the_package_defaults():
-    for py in NOTEBOOKS:
-        params = parameters_cell(py)
-        for key, value in batch.DEFAULTS.items():
-            assert params[key] == value, f"{py.name}: {key} = {params[key]!r}, batch.DEFAULTS has {value!r}"
-        assert params["run_dir"] == "../runs/smollm2-135m" and params["analysis"] == {}
-
-
-@pytest.mark.slow
+@pytest.mark.acceptance
 def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
+    from dataclasses import fields
+
+    from qkplast import AnalysisOptions, CaptureOptions
+    from qkplast.io import open_capture, open_dataset
+    from qkplast.options import PRESETS
+
     out = tmp_path / "run"
-    result = batch.run("smollm2-135m", out, parameters={**TINY, "n_pairs": 32}, progress=False)
+    tiny = CaptureOptions(**{**PRESETS["fast"].to_dict(), **TINY})
+    result = batch.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters={"n_boot": 4}, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest == json.loads(json.dumps(result.manifest, default=str))
-    assert (out / "capture.nc").is_file() and (out / "metrics.nc").is_file()
-    # -p n_pairs 32 reached the analysis of the run and of every notebook (they reuse metrics.nc)
-    from qkplast.io import open_dataset
-
+    # one set of names: CaptureOptions fields == manifest keys == capture attrs, same values
+    attrs = open_capture(out / "capture.nc").attrs
+    assert list(manifest["capture"]) == [f.name for f in fields(CaptureOptions)]
+    for name, value in manifest["capture"].items():
+        assert name in attrs, f"capture attrs lack {name}"
+        if name not in ("device", "dtype"):
+            assert attrs[name] == value, (name, attrs[name], value)
+    assert "commit" in attrs and "revision" in attrs and manifest["commit"] == attrs["commit"]
+    assert (out / "metrics.nc").is_file() and (out / "code" / "capture.nc").is_file()
     assert open_dataset(out / "metrics.nc").attrs["options"]["n_pairs"] == 32
-    assert manifest["parameters"]["analysis"]["n_pairs"] == 32
     names = sorted(p.name for p in (out / "notebooks").glob("*.ipynb"))
     assert names == sorted(p.with_suffix(".ipynb").name for p in NOTEBOOKS)
     for name in names:
@@ -73,19 +75,124 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
         ]
         assert not errors, name
         injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
-        assert injected and "seq_len = 256" in injected[0].source
+        assert injected and f'run_dir = "{out.resolve()}"' in injected[0].source
     assert set(manifest["versions"]) >= {"qkplast", "torch", "transformers", "papermill"}
-    assert manifest["parameters"]["seq_len"] == 256 and manifest["device"] == "cpu"
     table = batch.compare([out])
     assert table.loc["run", "seq_len"] == 256 and 0 < table.loc["run", "ap_overall"] < 1
     profiles = batch.context_profiles([out, out])
     assert profiles.dims == ("run", "context_bin") and profiles.sizes["context_bin"] == 5
-    from qkplast.plots import compare_profiles
+    # a rerun executes nothing again
+    again = batch.run(tiny, out, parameters={"n_boot": 4}, progress=False)
+    assert [e["seconds"] for e in again.manifest["notebooks"]] == [e["seconds"] for e in manifest["notebooks"]]
 
-    assert len(compare_profiles(profiles.isel(run=[0])).axes[0].lines) == 1
-    # a second run reuses the capture; other capture parameters are refused, not silently mixed
-    with pytest.raises(CaptureError, match="docs: file has 2, asked 3"):
-        batch.load_or_capture(out, **{**TINY, "docs": 3})
+
+def test_notebook_parameters_hold_no_capture_or_analysis_settings():
+    """The settings live in the run's manifest: a parameters cell holds run_dir and the page's own values."""
+    from dataclasses import fields
+
+    from qkplast import AnalysisOptions, CaptureOptions
+
+    settings = {f.name for f in fields(CaptureOptions)} | {f.name for f in fields(AnalysisOptions)} | {"analysis"}
+    for py in NOTEBOOKS:
+        params = parameters_cell(py)
+        assert params["run_dir"] == "../runs/smollm2-135m", py.name
+        assert not settings & set(params), f"{py.name} repeats settings {sorted(settings & set(params))}"
+        if "load_or_capture(" in py.read_text():
+            pytest.fail(f"{py.name} still captures with its own settings; use batch.load_run")
+
+
+def _fake_stage(monkeypatch, tmp_path):
+    """Replace the model load and the capture by a planted capture, recording the calls in order."""
+    from qkplast.synthetic import planted_capture
+
+    calls = []
+
+    def fake_capture(options, out, *, overwrite=False, progress=True, loaded=None):
+        assert loaded == "model", "every capture of a run uses the one loaded model"
+        calls.append(("capture", options.corpus))
+        cap, _ = planted_capture(n_heads=2, dim=8, seq_len=options.seq_len, bucket_size=options.bucket_size,
+                                 n_docs=options.docs, samples_per_bucket=2)
+        cap.attrs.update(corpus=options.corpus, commit="0123abc")
+        from qkplast.io import save_capture
+
+        save_capture(cap, out)
+        return cap
+
+    monkeypatch.setattr(batch, "_check_windows", lambda options: calls.append(("windows", options.corpus)))
+    monkeypatch.setattr(batch, "_load", lambda options: calls.append(("load", options.model)) or "model")
+    monkeypatch.setattr(batch, "release_model", lambda loaded: calls.append(("release", loaded)))
+    monkeypatch.setattr(batch, "capture_file", fake_capture)
+    return calls
+
+
+def test_run_loads_once_captures_prose_and_code_releases_then_reuses(tmp_path, monkeypatch):
+    from dataclasses import fields
+
+    from qkplast import AnalysisOptions, CaptureOptions
+
+    calls = _fake_stage(monkeypatch, tmp_path)
+    capture = CaptureOptions(seq_len=1024, bucket_size=128, docs=3, corpus="pydoc-topics")
+    out = tmp_path / "run"
+    result = batch.run(capture, out, analysis=AnalysisOptions(n_pairs=16), stage="analyze", progress=False)
+    # corpora checked before the single load; both captures; the model released before anything else
+    assert calls == [("windows", "pydoc-topics"), ("windows", "stdlib-code"), ("load", "smollm2-135m"),
+                     ("capture", "pydoc-topics"), ("capture", "stdlib-code"), ("release", "model")]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["stage"] == "analyze" and manifest["commit"] == "0123abc"
+    assert list(manifest["capture"]) == [f.name for f in fields(CaptureOptions)] == list(capture.to_dict())
+    assert manifest["capture"] == capture.to_dict() and manifest["analysis"]["n_pairs"] == 16
+    assert {"capture", "analyze"} <= set(manifest["timings_s"]) and result.manifest == manifest
+    for d in (out, out / "code"):
+        assert (d / "capture.nc").is_file() and (d / "metrics.nc").is_file()
+    # a notebook finds the same settings and files, and loads nothing
+    loaded = batch.load_run(out)
+    assert loaded.options == capture and loaded.analysis.n_pairs == 16 and loaded.metrics.sizes["head"] == 2
+    assert batch.load_run(out).on_corpus("stdlib-code").capture.attrs["corpus"] == "stdlib-code"
+    # a rerun reuses every capture (no load); other capture settings are refused, not mixed
+    del calls[:]
+    batch.run(capture, out, analysis=AnalysisOptions(n_pairs=16), stage="analyze", progress=False)
+    assert calls == []
+    with pytest.raises(batch.RunError, match="docs: 3 there, 4 asked"):
+        batch.run(CaptureOptions(**{**capture.to_dict(), "docs": 4}), out, stage="capture", progress=False)
+    with pytest.raises(batch.RunError, match="docs: 3 there, 5 asked"):
+        batch.load_run(out, docs=5)
+    with pytest.raises(batch.RunError, match="analysed with other options"):
+        batch.run(capture, out, analysis=AnalysisOptions(n_pairs=32), stage="analyze", progress=False)
+
+
+def test_load_run_reads_overrides_from_a_notebook_namespace(tmp_path, monkeypatch):
+    calls = _fake_stage(monkeypatch, tmp_path)
+    monkeypatch.setattr(batch, "capture_file", lambda *a, loaded=None, **k: calls.append("in-kernel") or
+                        _fake_capture_in_kernel(*a, **k))
+    run = batch.load_run(tmp_path / "new", {"seq_len": 512, "bucket_size": 64, "docs": 2, "n_pairs": 8,
+                                            "unrelated": 1, "__name__": "__main__"})
+    assert run.options.seq_len == 512 and run.analysis.n_pairs == 8 and calls == ["in-kernel"]
+    # the next notebook, without overrides, finds the settings the first one recorded
+    again = batch.load_run(tmp_path / "new")
+    assert again.options == run.options and calls == ["in-kernel"]
+    with pytest.raises(TypeError, match="unknown option"):
+        batch.load_run(tmp_path / "new", sequence_length=5)
+
+
+def _fake_capture_in_kernel(options, out, **_):
+    from qkplast.io import save_capture
+    from qkplast.synthetic import planted_capture
+
+    cap, _ = planted_capture(n_heads=2, dim=8, seq_len=options.seq_len, bucket_size=options.bucket_size,
+                             n_docs=options.docs, samples_per_bucket=2)
+    save_capture(cap, out)
+    return cap
+
+
+def test_split_parameters_types_each_kind():
+    cap, ana, nb = batch.split_parameters(
+        [("seq_len", "4096"), ("rope_scaling", "yarn:4:32768"), ("heads", "all"), ("edge_fraction", "0.25"),
+         ("checkpoints", "['a/b@r1']"), ("code_corpus", "stdlib-code")],
+        {"checkpoints": [], "code_corpus": "stdlib-code", "n_boot": 40})
+    assert cap == {"seq_len": 4096, "rope_scaling": "yarn:4:32768", "heads": None}
+    assert ana == {"edge_fraction": 0.25} and nb == {"checkpoints": ["a/b@r1"], "code_corpus": "stdlib-code"}
+    with pytest.raises(ValueError, match="checkpoints expects list"):
+        batch.split_parameters([("checkpoints", "a/b")], {"checkpoints": []})
 
 
 def test_failing_notebook_fails_the_run_with_cell_and_error(tmp_path, monkeypatch):
@@ -99,10 +206,30 @@ def test_failing_notebook_fails_the_run_with_cell_and_error(tmp_path, monkeypatc
         nbformat.v4.new_code_cell("raise ValueError('planted failure')"),
     ]
     nbformat.write(nb, bad / "01_bad.ipynb")
-    monkeypatch.setattr(batch, "load_or_capture", lambda *a, **k: None)
-    monkeypatch.setattr(batch, "load_or_analyze", lambda *a, **k: (None, []))
+    _fake_stage(monkeypatch, tmp_path)
+    from qkplast import CaptureOptions
+
+    tiny = CaptureOptions(seq_len=512, bucket_size=64, docs=2)
     # cell 3 of the executed copy: papermill inserts the injected-parameters cell after the parameters cell
     with pytest.raises(batch.RunError, match=r"01_bad.ipynb failed in cell 3: ValueError: planted failure"):
-        batch.run("smollm2-135m", tmp_path / "run", notebooks=[bad / "01_bad.ipynb"], progress=False)
+        batch.run(tiny, tmp_path / "run", notebooks=[bad / "01_bad.ipynb"], progress=False)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["notebooks"][0]["error"].startswith("ValueError")
+
+
+def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, monkeypatch):
+    """``qkplast capture --out RUN/capture.nc`` then a notebook: the settings come from the capture's attrs."""
+    from qkplast import CaptureOptions
+    from qkplast.io import save_capture
+    from qkplast.synthetic import planted_capture
+
+    calls = _fake_stage(monkeypatch, tmp_path)
+    options = CaptureOptions(seq_len=1024, bucket_size=128, docs=3, corpus="pydoc-topics")
+    cap, _ = planted_capture(n_heads=2, dim=8, seq_len=1024, bucket_size=128, n_docs=3, samples_per_bucket=2)
+    cap.attrs.update(options.to_dict())
+    (tmp_path / "run").mkdir()
+    save_capture(cap, tmp_path / "run" / "capture.nc")
+    run = batch.load_run(tmp_path / "run")
+    assert run.options == options and calls == []
+    with pytest.raises(batch.RunError, match="seq_len: 1024 there, 2048 asked"):
+        batch.load_run(tmp_path / "run", seq_len=2048, bucket_size=128)

@@ -38,6 +38,7 @@ from qkplast.capture import (
 )
 from qkplast.corpus import Document, iter_windows
 from qkplast.io import validate_capture
+from qkplast.options import CaptureOptions
 
 SEQ_LEN = 64
 BUCKET = 8
@@ -199,9 +200,14 @@ def _check_against_eager(model, tokenizer, ds):
     assert checked > 50, "too few sampled pairs to make the comparison meaningful"
 
 
+def _options(**kw) -> CaptureOptions:
+    base = {"seq_len": SEQ_LEN, "bucket_size": BUCKET, "samples_per_bucket": 4, "heads": None, "docs": None,
+            "short_docs": "concat"}
+    return CaptureOptions(**{**base, **kw})
+
+
 def _capture(model, tokenizer, **kw):
-    kw = {"seq_len": SEQ_LEN, "bucket_size": BUCKET, "samples_per_bucket": 4, "heads": None, "progress": False, **kw}
-    ds = capture(model, tokenizer, _documents(), **kw)
+    ds = capture(model, tokenizer, _documents(), options=_options(**kw), progress=False)
     validate_capture(ds)
     return ds
 
@@ -445,9 +451,7 @@ def test_positions_do_not_depend_on_document_order(tokenizer):
     model = tiny_model("llama")
     forward = _capture(model, tokenizer, heads=2, samples_per_bucket=1)
     docs = _documents()[::-1]
-    backward = capture(
-        model, tokenizer, docs, seq_len=SEQ_LEN, bucket_size=BUCKET, samples_per_bucket=1, heads=2, progress=False
-    )
+    backward = capture(model, tokenizer, docs, options=_options(samples_per_bucket=1, heads=2), progress=False)
     for doc in ("doc α/1", "doc-2", "3"):  # reversing the corpus changes which short documents are joined
         f, b = forward["doc"].values == doc, backward["doc"].values == doc
         np.testing.assert_array_equal(forward["position"].values[f], backward["position"].values[b])
@@ -475,11 +479,18 @@ def test_capture_attrs_make_the_run_reproducible(tokenizer):
     attrs = ds.attrs
     for key in ("model", "seq_len", "bucket_size", "seed", "dtype", "corpus", "n_q_heads", "n_kv_heads"):
         assert key in attrs
-    assert attrs["seed"] == 7 and attrs["heads_requested"] == 5 and attrs["samples_per_bucket"] == 4
+    assert attrs["seed"] == 7 and attrs["heads"] == 5 and attrs["samples_per_bucket"] == 4
     assert attrs["n_docs"] == 4 and attrs["dtype"] == "float32" and attrs["device"] == "cpu"
     assert attrs["transformers"] == T.__version__ and attrs["torch"] == torch.__version__
     assert attrs["attn_implementation"].startswith("qkplast_capture")
     assert attrs["window_parts"] == {"short one+short+two": ["short one", "short+two"]}
+    from dataclasses import fields
+
+    # Every option under its own name, resolved to what ran; the counts actually captured under other names.
+    assert all(f.name in attrs for f in fields(CaptureOptions))
+    recorded = CaptureOptions(**{f.name: attrs[f.name] for f in fields(CaptureOptions)})
+    assert (recorded.seq_len, recorded.bucket_size, recorded.docs, recorded.corpus) == (64, 8, None, "in-memory documents")
+    assert attrs["n_heads"] == 5 and "commit" in attrs and "heads_requested" not in attrs
     json.dumps(attrs)  # the io layer stores attrs as JSON
 
 
@@ -497,17 +508,9 @@ def test_embedded_smollm2_capture_end_to_end(tmp_path):
     records = [{"id": "LBP/ä 0001", "text": topics["assignment"]}, {"id": "42 ", "text": topics["compound"]}]
     corpus.write_text("\n".join(json.dumps(r) for r in records))
     out = tmp_path / "cap.nc"
-    ds = run_capture(
-        "smollm2-135m",
-        str(corpus),
-        out,
-        seq_len=256,
-        bucket_size=64,
-        samples_per_bucket=2,
-        heads=6,
-        docs=2,
-        progress=False,
-    )
+    options = CaptureOptions(corpus=str(corpus), seq_len=256, bucket_size=64, samples_per_bucket=2, heads=6, docs=2,
+                             short_docs="concat")
+    ds = run_capture(options, out, progress=False)
     from qkplast.io import open_capture
 
     saved = open_capture(out)

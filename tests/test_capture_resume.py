@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -15,14 +14,20 @@ import numpy as np
 import pytest
 import transformers as T
 
-from qkplast._capture_cli import add_capture_parser, add_prepare_parser
 from qkplast.capture import UnsupportedModelError, run_capture
 from qkplast.corpus import CorpusError
 from qkplast.io import CaptureError, open_capture
 from qkplast.models import ModelError
+from qkplast.options import CaptureOptions
 from test_capture import COMMON, tiny_tokenizer
 
-ARGS = dict(seq_len=64, bucket_size=16, samples_per_bucket=2, heads=5, docs=12, progress=False)
+ARGS = dict(seq_len=64, bucket_size=16, samples_per_bucket=2, heads=5, docs=12, corpus="pydoc-topics", short_docs="concat")
+
+
+def _run(model, out, corpus="pydoc-topics", *, overwrite=False, **overrides):
+    """run_capture of ``model`` with the test's options (``overrides`` replace fields)."""
+    options = CaptureOptions(**{**ARGS, "model": str(model), "corpus": str(corpus), **overrides})
+    return run_capture(options, out, overwrite=overwrite, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +43,7 @@ def model_dir(tmp_path_factory):
 def reference(model_dir, tmp_path_factory):
     """An uninterrupted capture of the first 12 pydoc-topics windows."""
     out = tmp_path_factory.mktemp("reference") / "ref.nc"
-    run_capture(str(model_dir), "pydoc-topics", out, **ARGS)
+    _run(model_dir, out)
     return open_capture(out)
 
 
@@ -46,14 +51,16 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     import qkplast.capture as c
+    import qkplast.parts as parts
+    from qkplast.options import CaptureOptions
 
-    write = c.save_dataset
+    write = parts.save_dataset
     def slow_write(*args, **kwargs):  # widens the window in which the parent kills the run
         path = write(*args, **kwargs)
         time.sleep(0.15)
         return path
-    c.save_dataset = slow_write
-    c.run_capture(sys.argv[1], "pydoc-topics", sys.argv[2], **{args})
+    parts.save_dataset = slow_write
+    c.run_capture(CaptureOptions(model=sys.argv[1], **{args}), sys.argv[2], progress=False)
     """
 ).format(args=ARGS)
 
@@ -82,7 +89,7 @@ def test_killed_capture_resumes_to_the_uninterrupted_result(model_dir, reference
         assert not out.exists(), "a killed run must not leave a final capture"
     done_before_resume = len(list(parts.glob("doc-*.nc")))
     assert 0 < done_before_resume < 12
-    resumed = run_capture(str(model_dir), "pydoc-topics", out, **ARGS)
+    resumed = _run(model_dir, out)
     assert not parts.exists()
     _assert_same_capture(open_capture(out), reference)
     _assert_same_capture(resumed, reference)
@@ -91,8 +98,8 @@ def test_killed_capture_resumes_to_the_uninterrupted_result(model_dir, reference
 def test_resume_reuses_every_part_including_documents_without_samples(model_dir, tmp_path, monkeypatch):
     import qkplast.capture as capture_module
 
-    args = {**ARGS, "samples_per_bucket": 0.1}  # most 64-token documents get no sample at all
-    expected = run_capture(str(model_dir), "pydoc-topics", tmp_path / "ref.nc", **args)
+    args = {"samples_per_bucket": 0.1}  # most 64-token documents get no sample at all
+    expected = _run(model_dir, tmp_path / "ref.nc", **args)
     assert expected.attrs["n_docs"] == 12 and 0 < len(set(expected["doc"].values)) < 12
     out, parts = tmp_path / "cap.nc", tmp_path / "cap.nc.parts"
 
@@ -101,7 +108,7 @@ def test_resume_reuses_every_part_including_documents_without_samples(model_dir,
 
     monkeypatch.setattr(capture_module, "save_capture", disk_full)
     with pytest.raises(OSError, match="disk full"):
-        run_capture(str(model_dir), "pydoc-topics", out, **args)
+        _run(model_dir, out, **args)
     assert not out.exists() and len(list(parts.glob("doc-*.nc"))) == 12
     monkeypatch.undo()
 
@@ -109,7 +116,7 @@ def test_resume_reuses_every_part_including_documents_without_samples(model_dir,
         raise AssertionError("every document is already in the parts; nothing should be recomputed")
 
     monkeypatch.setattr(capture_module.Capturer, "capture_window", no_forward)
-    _assert_same_capture(run_capture(str(model_dir), "pydoc-topics", out, **args), expected)
+    _assert_same_capture(_run(model_dir, out, **args), expected)
     assert not parts.exists()
 
 
@@ -119,9 +126,9 @@ def test_parts_from_other_arguments_are_refused(model_dir, tmp_path):
     parts.mkdir()
     (parts / "manifest.json").write_text('{"seed": 1}')
     with pytest.raises(CaptureError, match="different arguments.*seed"):
-        run_capture(str(model_dir), "pydoc-topics", out, **ARGS)
+        _run(model_dir, out)
     assert (parts / "manifest.json").exists() and not out.exists()
-    run_capture(str(model_dir), "pydoc-topics", out, overwrite=True, **ARGS)
+    _run(model_dir, out, overwrite=True)
     assert out.exists() and not parts.exists()
 
 
@@ -129,9 +136,9 @@ def test_existing_output_is_kept_without_overwrite(model_dir, tmp_path):
     out = tmp_path / "cap.nc"
     out.write_bytes(b"precious")
     with pytest.raises(FileExistsError, match="--overwrite"):
-        run_capture(str(model_dir), "pydoc-topics", out, **ARGS)
+        _run(model_dir, out)
     assert out.read_bytes() == b"precious"
-    run_capture(str(model_dir), "pydoc-topics", out, overwrite=True, **ARGS)
+    _run(model_dir, out, overwrite=True)
     assert open_capture(out).attrs["n_docs"] == 12
 
 
@@ -142,14 +149,14 @@ def _nothing_written(tmp_path):
 def test_unknown_model_or_path(tmp_path):
     out = tmp_path / "cap.nc"
     with pytest.raises(ModelError, match="unknown model 'no-such-model'"):
-        run_capture("no-such-model", "pydoc-topics", out, **ARGS)
+        _run("no-such-model", out)
     with pytest.raises(ModelError, match="unknown model"):
-        run_capture(str(tmp_path / "missing" / "dir"), "pydoc-topics", out, **ARGS)
+        _run(tmp_path / "missing" / "dir", out)
     with pytest.raises(ModelError, match="cannot load the config of model 'nobody/no-such-model'"):
-        run_capture("nobody/no-such-model", "pydoc-topics", out, **ARGS)  # the hub is offline in tests
+        _run("nobody/no-such-model", out)  # the hub is offline in tests
     (tmp_path / "gpt2").mkdir()
     with pytest.raises(ModelError, match="has no config.json"):
-        run_capture(str(tmp_path / "gpt2"), "pydoc-topics", out, **ARGS)
+        _run(tmp_path / "gpt2", out)
     assert _nothing_written(tmp_path) == []
 
 
@@ -158,13 +165,13 @@ def test_unsupported_architecture(tmp_path):
     T.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     tiny_tokenizer().save_pretrained(tmp_path / "gpt2")
     with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*supported: Llama 3\.x.*Llama 3\.2 Vision"):
-        run_capture(str(tmp_path / "gpt2"), "pydoc-topics", tmp_path / "cap.nc", **ARGS)
+        _run(tmp_path / "gpt2", tmp_path / "cap.nc")
     assert _nothing_written(tmp_path) == []
 
 
 def test_sequence_too_long(model_dir, tmp_path):
     with pytest.raises(ModelError, match="seq_len 512 exceeds the model's maximum of 256 positions.*--rope-scaling"):
-        run_capture(str(model_dir), "pydoc-topics", tmp_path / "cap.nc", **{**ARGS, "seq_len": 512})
+        _run(model_dir, tmp_path / "cap.nc", seq_len=512)
     assert _nothing_written(tmp_path) == []
 
 
@@ -173,23 +180,23 @@ def test_empty_corpus(model_dir, tmp_path):
     corpus.mkdir()
     (corpus / "empty.txt").write_text("  \n")
     (corpus / "short.txt").write_text("too short")
-    with pytest.raises(CaptureError, match="gave no window of 64 tokens.*1 empty.*1 short ones left over"):
-        run_capture(str(model_dir), str(corpus), tmp_path / "cap.nc", **ARGS)
+    with pytest.raises(CorpusError, match="yields 0 window.*of 64 tokens"):  # found by tokenizing, before any weight
+        _run(model_dir, tmp_path / "cap.nc", corpus)
     assert _nothing_written(tmp_path) == []
     (corpus / "empty.txt").unlink()
     (corpus / "short.txt").unlink()
     with pytest.raises(CorpusError, match="holds no .txt or .jsonl files"):
-        run_capture(str(model_dir), str(corpus), tmp_path / "cap.nc", **ARGS)
+        _run(model_dir, tmp_path / "cap.nc", corpus)
 
 
 def test_unwritable_output(model_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="output directory .* does not exist"):
-        run_capture(str(model_dir), "pydoc-topics", tmp_path / "missing" / "cap.nc", **ARGS)
+        _run(model_dir, tmp_path / "missing" / "cap.nc")
     with pytest.raises(IsADirectoryError):
-        run_capture(str(model_dir), "pydoc-topics", tmp_path, overwrite=True, **ARGS)
+        _run(model_dir, tmp_path, overwrite=True)
     if Path("/proc").is_dir():  # a directory nobody, not even root, can create files in
         with pytest.raises(PermissionError, match="/proc is not writable"):
-            run_capture(str(model_dir), "pydoc-topics", "/proc/cap.nc", **ARGS)
+            _run(model_dir, "/proc/cap.nc")
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
@@ -197,43 +204,58 @@ def test_unwritable_output(model_dir, tmp_path):
         if os.access(locked, os.W_OK):
             pytest.skip("running as a user who can write anywhere (root): no unwritable directory to test")
         with pytest.raises(PermissionError, match="not writable"):
-            run_capture(str(model_dir), "pydoc-topics", locked / "cap.nc", **ARGS)
+            _run(model_dir, locked / "cap.nc")
     finally:
         locked.chmod(0o700)
 
 
-def _cli(argv):
-    parser = argparse.ArgumentParser(prog="qkplast")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_capture_parser(sub)
-    add_prepare_parser(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
+def test_cli_capture_gives_the_same_capture(model_dir, reference, tmp_path, capsys):
+    from qkplast.cli import main
 
-
-def test_cli_capture_and_errors(model_dir, reference, tmp_path, capsys):
     out = tmp_path / "cli.nc"
-    argv = ["capture", "--model", str(model_dir), "--corpus", "pydoc-topics", "--out", str(out)]
+    argv = ["capture", "--model", str(model_dir), "--corpus", "pydoc-topics", "--short-docs", "concat", "--out", str(out)]
     argv += ["--seq-len", "64", "--bucket-size", "16", "--samples-per-bucket", "2", "--heads", "5", "--docs", "12"]
-    assert _cli(argv + ["--no-progress"]) == 0
+    assert main(argv + ["--no-progress"]) == 0
     assert "captured 5 heads" in capsys.readouterr().out
     _assert_same_capture(open_capture(out), reference)
-    assert _cli(argv + ["--no-progress"]) == 2
+    assert main(argv + ["--no-progress"]) == 2
     assert "exists; pass overwrite=True (CLI: --overwrite)" in capsys.readouterr().err
-    assert _cli(["capture", "--model", "no-such-model", "--out", str(tmp_path / "x.nc")]) == 2
-    assert "unknown model 'no-such-model'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        _cli(["capture", "--out", "x.nc", "--heads", "0"])
-    args = argparse.ArgumentParser()
-    sub = args.add_subparsers()
-    add_capture_parser(sub)
-    parsed = args.parse_args(["capture", "--out", "x.nc"])
-    assert (parsed.model, parsed.corpus, parsed.heads, parsed.seed, parsed.device, parsed.dtype, parsed.attn) == (
-        "smollm2-135m",
-        "pydoc-topics",
-        300,
-        0,
-        "auto",
-        "auto",
-        "sdpa",
-    )
+
+
+def test_non_finite_vector_stops_the_run_naming_it_and_keeps_finished_documents(model_dir, tmp_path):
+    from qkplast.hooks import attention_transform
+    from qkplast.models import load_model, release_model
+    from qkplast.recorder import NonFiniteCaptureError
+
+    loaded = load_model(str(model_dir))
+    calls = {"layer 1": 0}
+
+    def poison_second_window(module, query, key, value, mask, kwargs):
+        if module.layer_idx == 1 and query.shape[2] == 64:
+            calls["layer 1"] += 1
+            if calls["layer 1"] == 2:  # the second document's forward
+                query = query.clone()
+                query[:, 2] = float("inf")  # q_head 2 of layer 1, every position
+        return query, key, value, mask
+
+    out = tmp_path / "cap.nc"
+    options = CaptureOptions(**{**ARGS, "model": str(model_dir), "heads": None})
+    with attention_transform(loaded.model, poison_second_window):
+        with pytest.raises(NonFiniteCaptureError, match=r"document '[^']+', layer 1, q_head\(s\) \[2\]"):
+            run_capture(options, out, progress=False, loaded=loaded)
+    parts = sorted(p.name for p in (tmp_path / "cap.nc.parts").glob("doc-*.nc"))
+    assert parts == ["doc-000000.nc"] and not out.exists()
+    # Without the fault, the rerun resumes after the kept document and completes.
+    ds = run_capture(options, out, progress=False, loaded=loaded)
+    assert ds.attrs["n_docs"] == 12 and open_capture(out).attrs["n_heads"] == 12
+    release_model(loaded)
+    assert loaded.model is None and loaded.tokenizer is None
+
+
+def test_loaded_model_must_match_the_options(model_dir, tmp_path):
+    from qkplast.models import load_model
+
+    loaded = load_model(str(model_dir))
+    options = CaptureOptions(**{**ARGS, "model": "other/model"})
+    with pytest.raises(CaptureError, match="the loaded model is"):
+        run_capture(options, tmp_path / "cap.nc", progress=False, loaded=loaded)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from qkplast.corpus import CorpusError, Document, WindowStats, iter_windows, open_corpus
+from qkplast.corpus import CorpusError, Document, WindowStats, count_windows, iter_windows, open_corpus
 from test_capture import tiny_tokenizer
 
 
@@ -172,3 +172,82 @@ def test_windows_start_with_the_tokenizer_prefix(tokenizer):
     windows = list(iter_windows([Document("d", "word " * 40)], WithBos(), 16))
     assert windows[0].input_ids[0] == tokenizer.bos_token_id and len(windows[0].input_ids) == 16
     np.testing.assert_array_equal(windows[0].input_ids[1:], tokenizer("word " * 40)["input_ids"][:15])
+
+
+# --------------------------------------------------------------------------- python-docs and count_windows
+
+
+def _docs_tree(root, sizes):
+    """A fake python3-doc tree: ``_sources/<name>.rst.txt`` with ``n`` words each."""
+    src = root / "python3.11" / "html" / "_sources"
+    for name, n in sizes.items():
+        path = src / f"{name}.rst.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(" ".join(f"word{i % 50}" for i in range(n)))
+    return src
+
+
+def test_python_docs_reads_one_document_per_page_in_path_order(monkeypatch, tmp_path):
+    from qkplast import corpus as corpus_module
+
+    src = _docs_tree(tmp_path, {"library/os": 30, "howto/logging": 20, "about": 5})
+    monkeypatch.setattr(corpus_module, "PYTHON_DOCS_GLOB", str(tmp_path / "python3*" / "html" / "_sources"))
+    monkeypatch.setattr(corpus_module.python_docs_root, "__defaults__", (corpus_module.PYTHON_DOCS_GLOB,))
+    corpus = open_corpus("python-docs")
+    docs = list(corpus)
+    assert [d.id for d in docs] == ["about", "howto/logging", "library/os"]
+    assert docs[2].text == (src / "library" / "os.rst.txt").read_text()
+    assert corpus.details["documents"] == 3 and corpus.details["source"] == str(src.resolve())
+
+
+def test_python_docs_without_the_package_says_how_to_install(monkeypatch, tmp_path):
+    from qkplast import corpus as corpus_module
+
+    monkeypatch.setattr(corpus_module.python_docs_root, "__defaults__", (str(tmp_path / "none*" / "_sources"),))
+    with pytest.raises(CorpusError, match="apt-get install python3-doc"):
+        open_corpus("python-docs")
+
+
+def test_the_installed_python_docs_hold_long_documents(tokenizer):
+    """Debian's python3-doc (installed by .ci/run and scripts/book.sh): hundreds of pages, some very long."""
+    corpus = open_corpus("python-docs")
+    assert corpus.details["documents"] > 400
+    longest = max(corpus, key=lambda d: len(d.text))
+    assert len(longest.text) > 150_000  # library/stdtypes: ~55K SmolLM2 tokens
+    ids = [d.id for d in _first(corpus, 50)]
+    assert ids == sorted(ids) and all(not i.endswith(".rst.txt") for i in ids)
+
+
+def test_count_windows_skips_short_documents_and_stops_at_docs(tokenizer):
+    from qkplast import CaptureOptions
+
+    docs = [Document(f"d{i}", "alpha beta gamma " * n) for i, n in enumerate([400, 5, 400, 5, 400])]
+    opts = CaptureOptions(seq_len=256, bucket_size=16, docs=2, short_docs="skip")
+    assert count_windows(docs, tokenizer, opts) == 2
+    assert count_windows(docs, tokenizer, CaptureOptions(**{**opts.to_dict(), "docs": None})) == 3
+    # the same number iter_windows yields
+    windows = list(iter_windows(docs, tokenizer, 256, short_docs="skip"))
+    assert len(windows) == 3 and [w.doc_id for w in windows] == ["d0", "d2", "d4"]
+    with pytest.raises(CorpusError, match=r"yields 3 window\(s\) of 256 tokens .* but 4 were asked for"):
+        count_windows(docs, tokenizer, CaptureOptions(**{**opts.to_dict(), "docs": 4}))
+    assert count_windows(docs, tokenizer, CaptureOptions(**{**opts.to_dict(), "docs": 4}), strict=False) == 3
+
+
+def test_count_windows_error_names_a_corpus_that_fills_them(tokenizer):
+    """pydoc-topics cannot give 3 single 32768-token documents (of this tokenizer); python-docs can, and is named."""
+    from qkplast import CaptureOptions
+
+    opts = CaptureOptions(corpus="pydoc-topics", seq_len=32768, bucket_size=2048, docs=3, short_docs="skip")
+    with pytest.raises(CorpusError) as info:
+        count_windows(open_corpus("pydoc-topics"), tokenizer, opts)
+    message = str(info.value)
+    assert "corpus 'pydoc-topics' yields" in message and "--corpus python-docs --short-docs skip fills them" in message
+    assert count_windows(open_corpus("python-docs"), tokenizer, CaptureOptions(**{**opts.to_dict(),
+                                                                                  "corpus": "python-docs"})) == 3
+
+
+def test_count_windows_needs_a_resolved_seq_len(tokenizer):
+    from qkplast import CaptureOptions
+
+    with pytest.raises(CorpusError, match="resolved seq_len"):
+        count_windows([], tokenizer, CaptureOptions(seq_len=None, bucket_size=None))

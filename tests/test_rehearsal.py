@@ -1,0 +1,226 @@
+"""The thesis-scale path rehearsed on CPU: hub models at a revision, 131072-token windows, YaRN, linear memory.
+
+Tiny random-weight models of the real architectures (``tests/hub_fixtures.py``)
+sit in a local hub cache under a named branch, so ``owner/name@branch``
+resolves offline exactly as from the hub. Qwen3 runs the thesis's setting
+(131072 tokens, buckets of 8192, ``yarn:4:32768`` over its 32768-position
+config) in a child process whose peak memory is read back; Llama 3.x, SmolLM3
+and Mllama text run 32768-token windows (twice the kernel guard's limit), so the
+whole file stays within a few minutes on two cores.
+
+Correctness at long positions: a layer-0 query or key depends only on its own
+token and position, so the model's own eager attention over a late span of
+the window (fed with its true ``position_ids``) gives the logits the full
+forward used there; the captured ``q . k`` must reproduce their differences.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hub_fixtures import BRANCH, long_corpus, make_hub, repo_id
+from qkplast.corpus import iter_windows, open_corpus
+from qkplast.io import open_capture, validate_capture
+from qkplast.options import CaptureOptions
+
+pytestmark = pytest.mark.acceptance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    commits = make_hub(root / "cache")
+    corpus = long_corpus(root / "long.txt")
+    return root / "cache", commits, corpus
+
+
+@pytest.fixture
+def hub_cache(hub, monkeypatch):
+    """Point huggingface_hub (read at call time by transformers) at the rehearsal cache."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub[0]))
+    return hub
+
+
+def _env(cache: Path) -> dict:
+    return {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", "MALLOC_MMAP_THRESHOLD_": "65536",
+            "TQDM_DISABLE": "1"}
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from qkplast.capture import run_capture
+    from qkplast.options import CaptureOptions
+
+    def kb(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+    import torch, transformers  # imported before the baseline: the capture's own memory is what is measured
+    options = CaptureOptions(**json.loads(sys.argv[1]))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    start = kb("VmRSS")
+    run_capture(options, sys.argv[2], progress=False)
+    print(json.dumps({"start_mb": start / 1024, "above_start_mb": (kb("VmHWM") - start) / 1024}))
+    """
+)
+
+
+def _layer0_late_logits(ds, loaded, window, span: int) -> int:
+    """Captured q.k*scaling vs the model's eager logits over the last ``span`` positions, layer-0 heads.
+
+    Returns the number of (query, key) pairs compared.
+    """
+    from qkplast.hooks import text_decoder
+
+    seq_len = ds.attrs["seq_len"]
+    start = seq_len - span
+    decoder = text_decoder(loaded.model)
+    modules = {m.layer_idx: m for m in decoder.modules() if hasattr(m, "q_proj") and hasattr(m, "layer_idx")}
+    probs = {}
+    handle = modules[0].register_forward_hook(lambda m, a, out: probs.__setitem__(0, out[1][0]))
+    previous = decoder.config._attn_implementation
+    decoder.set_attn_implementation("eager")
+    try:
+        ids = torch.as_tensor(window.input_ids[start:])[None]  # [batch, span]
+        with torch.inference_mode():
+            decoder(input_ids=ids, position_ids=torch.arange(start, seq_len)[None], use_cache=False)
+    finally:
+        handle.remove()
+        decoder.set_attn_implementation(previous)
+    pos_all = ds["position"].values
+    sel = np.flatnonzero(pos_all >= start)
+    pos = pos_all[sel] - start
+    checked = 0
+    for h in np.flatnonzero(ds["layer"].values == 0):
+        q = ds["q"].values[h][sel].astype(np.float64)  # [sample, dim]
+        k = ds["k"].values[h][sel].astype(np.float64)  # [sample, dim]
+        logits = q @ k.T * modules[0].scaling  # [sample, sample]
+        with np.errstate(divide="ignore"):  # masked keys have probability 0; only visible ones are compared
+            logp = np.log(probs[0][int(ds["q_head"][h])].double().numpy())[np.ix_(pos, pos)]  # [sample, sample]
+        visible = pos[None, :] <= pos[:, None]
+        diag = np.arange(len(pos))
+        np.testing.assert_allclose((logits - logits[diag, diag][:, None])[visible],
+                                   (logp - logp[diag, diag][:, None])[visible], rtol=1e-4, atol=2e-4)
+        checked += int(visible.sum()) - len(pos)
+    return checked
+
+
+def test_qwen3_at_131072_tokens_with_yarn_from_a_hub_revision(hub, hub_cache, tmp_path):
+    from qkplast.models import load_model
+    from qkplast.plan import plan_capture
+
+    cache, commits, corpus = hub
+    options = CaptureOptions(model=f"{repo_id('qwen3')}@{BRANCH}", seq_len=131072, bucket_size=8192,
+                             rope_scaling="yarn:4:32768", corpus=str(corpus), docs=1, short_docs="skip",
+                             heads=None, samples_per_bucket=8, device="cpu")
+    plan = plan_capture(options).check()
+    assert plan.windows == 1 and plan.heads == 4 and plan.commit == commits["qwen3"]
+    out = tmp_path / "capture.nc"
+    child = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(options.to_dict()), str(out)],
+                           env=_env(cache), capture_output=True, text=True, timeout=900)
+    assert child.returncode == 0, child.stderr[-3000:]
+    memory = json.loads(child.stdout.strip().splitlines()[-1])
+    ds = validate_capture(open_capture(out))
+    attrs = ds.attrs
+    assert (attrs["model"], attrs["revision"], attrs["commit"]) == (repo_id("qwen3"), BRANCH, commits["qwen3"])
+    assert (attrs["seq_len"], attrs["bucket_size"], attrs["n_buckets"]) == (131072, 8192, 16)
+    assert attrs["rope_scaling"] == "yarn:4:32768" and attrs["max_position_embeddings"] == 131072
+    assert attrs["rope_parameters"]["rope_type"] == "yarn" and attrs["rope_parameters"]["factor"] == 4.0
+    assert ds["position"].values.max() >= 131072 - 8192  # the last bucket is sampled
+    # Linear memory: the measured peak stays within the planner's linear estimate (a quadratic kernel
+    # would need 131072^2 x 4 B = 64 GiB for one head's score matrix).
+    planned_mb = plan.activations_gb * 1024
+    assert memory["above_start_mb"] < 1.5 * planned_mb + 300, (memory, planned_mb)
+    loaded = load_model(options.model, rope_scaling=options.rope_scaling)
+    window = next(iter_windows(open_corpus(str(corpus)), loaded.tokenizer, 131072, short_docs="skip"))
+    np.testing.assert_array_equal(ds["token"].values, window.input_ids[ds["position"].values])
+    assert _layer0_late_logits(ds, loaded, window, span=8192) > 20
+
+
+@pytest.mark.parametrize("arch", ["llama3", "smollm3", "mllama"])
+def test_architectures_from_hub_revisions_beyond_the_kernel_limit(arch, hub, hub_cache, tmp_path):
+    from qkplast.capture import run_capture
+    from qkplast.models import load_model
+
+    cache, commits, corpus = hub
+    options = CaptureOptions(model=f"{repo_id(arch)}@{BRANCH}", seq_len=32768, bucket_size=2048, corpus=str(corpus),
+                             docs=1, short_docs="skip", heads=None, samples_per_bucket=8, device="cpu")
+    ds = validate_capture(run_capture(options, tmp_path / "capture.nc", progress=False))
+    assert (ds.attrs["revision"], ds.attrs["commit"]) == (BRANCH, commits[arch])
+    if arch == "smollm3":
+        assert ds["rope"].values.tolist() == [True, True, False, False]  # layer 1 is a NoPE layer
+    if arch == "mllama":
+        assert ds.attrs["eligible_layers"] == [0, 2] and 1 not in ds["layer"].values  # 1 is cross-attention
+    loaded = load_model(options.model)
+    window = next(iter_windows(open_corpus(str(corpus)), loaded.tokenizer, 32768, short_docs="skip"))
+    assert _layer0_late_logits(ds, loaded, window, span=4096) > 5
+
+
+#: Window length of the command-line rehearsal. 32768 (twice the kernel guard's limit, YaRN active) keeps the
+#: file within minutes; QKPLAST_REHEARSAL_SEQ_LEN=131072 runs the thesis's length (about 5 more minutes on
+#: two free cores: two 131072-token forwards, prose and code).
+CLI_SEQ_LEN = int(os.environ.get("QKPLAST_REHEARSAL_SEQ_LEN", "32768"))
+
+
+def _qkplast(argv, cache, timeout):
+    return subprocess.run([sys.executable, "-m", "qkplast.cli", *argv], env=_env(cache), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cli_run(hub, tmp_path_factory):
+    """``qkplast run`` of the tiny Qwen3 at a hub revision: its dry run, then capture and analysis."""
+    cache, commits, corpus = hub
+    out = tmp_path_factory.mktemp("cli") / "run"
+    argv = ["run", "--model", f"{repo_id('qwen3')}@{BRANCH}", "--seq-len", str(CLI_SEQ_LEN),
+            "--bucket-size", str(CLI_SEQ_LEN // 16), "--rope-scaling", "yarn:4:32768", "--corpus", str(corpus),
+            "--docs", "1", "--short-docs", "skip", "--device", "cpu", "-p", "code_corpus", str(corpus),
+            "-p", "n_boot", "200", "--out", str(out), "--no-progress"]
+    dry = _qkplast(argv + ["--dry-run"], cache, 600)
+    staged = _qkplast(argv + ["--stage", "analyze"], cache, 1800)
+    return argv, out, dry, staged
+
+
+def test_qkplast_run_captures_and_analyses_from_a_hub_revision(hub, cli_run):
+    cache, commits, corpus = hub
+    argv, out, dry, staged = cli_run
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert commits["qwen3"] in dry.stdout and "fits" in dry.stdout
+    assert staged.returncode == 0, (staged.stdout[-2000:], staged.stderr[-3000:])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["commit"] == commits["qwen3"]
+    for run_dir in (out, out / "code"):  # prose and code captures, one model load
+        ds = validate_capture(open_capture(run_dir / "capture.nc"))
+        assert (ds.attrs["revision"], ds.attrs["commit"], ds.attrs["seq_len"], ds.attrs["rope_scaling"]) == (
+            BRANCH, commits["qwen3"], CLI_SEQ_LEN, "yarn:4:32768")
+        assert (run_dir / "metrics.nc").exists()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 8: notebooks 02-11 still hold their own capture parameter cells (smollm2-135m, pydoc-topics, 2048 "
+    "tokens), so a run of another model fails in 02_capture with 'made with other capture settings'; remove this "
+    "mark once the notebooks read the run manifest (the strict mark turns into a failure when they do)"))
+def test_qkplast_run_executes_every_notebook_from_a_hub_revision(hub, cli_run):
+    argv, out, _, _ = cli_run
+    full = _qkplast(argv, hub[0], 1800)  # reuses the captures and analyses
+    assert full.returncode == 0, (full.stdout[-2000:], full.stderr[-3000:])
+    executed = sorted(p.name for p in (out / "notebooks").glob("*.ipynb"))
+    sources = sorted(p.with_suffix(".ipynb").name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    assert executed == sources and json.loads((out / "manifest.json").read_text())["status"] == "ok"
