@@ -20,7 +20,6 @@ import argparse
 import time
 import warnings
 
-import numpy as np
 import torch
 
 from qkplast._torch import auto_chunk

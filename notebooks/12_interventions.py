@@ -56,19 +56,7 @@
 # the same windows and segments, so effects are paired by window.
 
 # %% tags=["parameters"]
-model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
-run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
-corpus = "pydoc-topics"  # prose that every Python install carries (the standard library docs)
-docs = 8  # document windows: with 4 samples per bucket, 32 queries per bucket for the statistics
-seq_len = 2048  # tokens per window: 16 buckets of 128 and a CPU forward of a few seconds
-bucket_size = 128  # 16 buckets, the thesis's count (it used 131072 / 8192)
-samples_per_bucket = 4  # more than the thesis's 1 because this corpus is small
-heads = 300  # as in the thesis; SmolLM2 has 270 query heads, so all are taken
-seed = 0  # seed of head and position sampling and of the key-pair draw
-device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
-dtype = "auto"  # fp32 on CPU, bf16 on GPU
-rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
-analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
+run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
 ks = [5, 20]  # numbers of heads intervened on (of 270); larger grids cost one forward per window and condition
 n_random = 5  # random-head draws per k (the null distribution)
 distances = [32, 96, 192, 384]  # tokens between the two copies of the segment
@@ -83,13 +71,15 @@ import numpy as np
 import pandas as pd
 
 import qkplast.experiments as qx
-from qkplast.batch import load_or_analyze, load_or_capture
+from qkplast.batch import load_run
 from qkplast.corpus import open_corpus
 
-capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
-                          samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype, rope_scaling=rope_scaling)
-metrics, notes = load_or_analyze(run_dir, capture, seed=seed, **analysis)
-loaded = qx.load(model, device=device, dtype=dtype, rope_scaling=rope_scaling)
+run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
+capture, metrics, notes = run.capture, run.metrics, run.notes
+opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
+analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
+model, corpus, docs, heads, device, dtype = opt.model, opt.corpus, opt.docs, opt.heads, opt.device, opt.dtype
+loaded = qx.load(opt.model, device=opt.device, dtype=opt.dtype, rope_scaling=opt.rope_scaling, revision=opt.revision)
 documents = open_corpus(corpus)
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}; behaviour on {copy_windows} windows of "
       f"{copy_seq_len} tokens")

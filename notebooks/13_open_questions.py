@@ -34,19 +34,7 @@
 # Every number below comes with an interval and, where a claim is made, a null to compare it with.
 
 # %% tags=["parameters"]
-model = "smollm2-135m"  # the embedded default; any Hugging Face id or local checkpoint works
-run_dir = "../runs/smollm2-135m"  # where the capture and metrics live; created on first use
-corpus = "pydoc-topics"  # prose that every Python install carries (the standard library docs)
-docs = 8  # document windows: with 4 samples per bucket, 32 queries per bucket for the statistics
-seq_len = 2048  # tokens per window: 16 buckets of 128 and a CPU forward of a few seconds
-bucket_size = 128  # 16 buckets, the thesis's count (it used 131072 / 8192)
-samples_per_bucket = 4  # more than the thesis's 1 because this corpus is small
-heads = 300  # as in the thesis; SmolLM2 has 270 query heads, so all are taken
-seed = 0  # seed of head and position sampling and of the key-pair draw
-device = "cpu"  # "cuda" runs the capture in bf16 on a GPU
-dtype = "auto"  # fp32 on CPU, bf16 on GPU
-rope_scaling = None  # RoPE override, e.g. "yarn:4:32768" for Qwen3 at 128K (section 5.4.2)
-analysis = {}  # qkplast.AnalysisOptions overrides, e.g. {"covariance": "full"}; empty: the thesis defaults
+run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
 n_boot = 2000  # bootstrap replicates of every interval on this page
 n_perm = 2000  # permutations of every null on this page
 cond_docs = None  # documents of the content-decay conditions, the same in every condition (None: min(6, docs))
@@ -65,15 +53,17 @@ import numpy as np
 import pandas as pd
 
 import qkplast.open_plots as op
-from qkplast.batch import load_or_analyze, load_or_capture
+from qkplast.batch import load_run
 from qkplast.conditions import bootstrap_parts, capture_conditions, condition_table, read_conditions
 from qkplast.gqa import gqa_similarity, gqa_testable
 from qkplast.listwise import listwise_summary, pairwise_predicts_listwise
 
 started, started_cpu = time.perf_counter(), time.process_time()
-capture = load_or_capture(run_dir, model=model, corpus=corpus, docs=docs, seq_len=seq_len, bucket_size=bucket_size,
-                          samples_per_bucket=samples_per_bucket, heads=heads, seed=seed, device=device, dtype=dtype, rope_scaling=rope_scaling)
-metrics, notes = load_or_analyze(run_dir, capture, seed=seed, **analysis)
+run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
+capture, metrics, notes = run.capture, run.metrics, run.notes
+opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
+analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
+model, corpus, docs, heads, device, dtype = opt.model, opt.corpus, opt.docs, opt.heads, opt.device, opt.dtype
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}, {capture.attrs['n_docs']} windows of {capture.attrs['seq_len']} tokens")
 
 # %% [markdown]
@@ -254,11 +244,11 @@ fig = op.counterfactual_profiles(metrics)
 # %%
 t0, t0_cpu = time.perf_counter(), time.process_time()
 cond_docs = cond_docs or min(6, docs)
-cond_seq_len = cond_seq_len or min(512, seq_len)
+cond_seq_len = cond_seq_len or min(512, opt.seq_len)
 captures, capture_seconds = capture_conditions(
     run_dir, model=model, corpus=corpus, docs=cond_docs, seq_len=cond_seq_len, rope_factors=rope_factors,
     window_lengths=[int(f * cond_seq_len) for f in window_factors], sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket,
-    heads=min(cond_heads, heads), seed=seed, device=device, dtype=dtype)
+    heads=min(cond_heads, heads or cond_heads), seed=seed, device=device, dtype=dtype)
 values, differences = condition_table(captures, None, n_boot=n_boot, seed=seed)
 conditions_seconds, conditions_cpu = time.perf_counter() - t0, time.process_time() - t0_cpu
 table = values.pivot(index="condition", columns="quantity", values="estimate").loc[list(captures)]

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 import xarray as xr
 
+from .errors import QkplastError
 from .corpus import Corpus, Document, iter_windows
-from .io import CaptureError
 
 __all__ = [
     "BehaviorError",
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 
-class BehaviorError(CaptureError):
+class BehaviorError(QkplastError):
     """A behaviour measurement cannot be set up as asked (the message names the fix)."""
 
 

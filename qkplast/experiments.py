@@ -385,13 +385,13 @@ def baseline_table(grid: xr.Dataset, n_boot: int = 2000, level: float = 0.95, se
     return pd.DataFrame(out, index=pd.Index(grid.distance.values, name="distance"))
 
 
-def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=None):
+def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=None, revision: str | None = None):
     """Load a model for the interventions with transformers' progress bars silenced (deterministic notebook output)."""
     from .batch import _quiet
     from .models import load_model
 
     with _quiet():
-        return load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling)
+        return load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling, revision=revision)
 
 
 # --------------------------------------------------------------------------- caching in the run directory

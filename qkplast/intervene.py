@@ -48,8 +48,8 @@ import numpy as np
 import torch
 import xarray as xr
 
+from .errors import QkplastError
 from .hooks import attention_transform, text_decoder
-from .io import CaptureError
 
 __all__ = [
     "InterventionError",
@@ -66,7 +66,7 @@ ABLATION_MODES = ("zero", "mean")
 CLAMP_MODES = ("query", "key", "both")
 
 
-class InterventionError(CaptureError):
+class InterventionError(QkplastError):
     """An intervention cannot be applied as asked (the message names the fix)."""
 
 

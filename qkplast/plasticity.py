@@ -514,9 +514,9 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     dev = resolve_device(opt.device)
     seq_len = int(capture.attrs["seq_len"])
     lay = _layout(capture, opt, dev, warn=True)
-    buckets, width, counts, pairs, n_bucket = lay.buckets, lay.width, lay.counts, lay.pairs, len(lay.buckets)
+    buckets, width, counts, pairs = lay.buckets, lay.width, lay.counts, lay.pairs
     t, onehot, tau, pi, pj, pvalid = lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, lay.pvalid
-    qidx_t, qmask_t, n_max = lay.qidx, lay.qmask, lay.qidx.shape[1]
+    qidx_t, qmask_t = lay.qidx, lay.qmask
 
     # 2D map coordinates are position-only, hence shared by all heads.
     pos = capture["position"].values.astype(float)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import submitit
 
+from .errors import QkplastError
 from .options import AnalysisOptions, CaptureOptions
 
 STAGES = ("capture", "analyze", "notebooks")
@@ -49,7 +50,7 @@ TOP_KEYS = ("name", "out", "defaults", "resources", "models", "description")
 ENTRY_KEYS = (*CAPTURE_FIELDS, "analysis", "id", "name", "resources")
 
 
-class StudyError(ValueError):
+class StudyError(QkplastError):
     """A study file is invalid (the message names the entry and the fix)."""
 
 
@@ -213,32 +214,14 @@ def _parts_written(run_dir: Path) -> int:
 def _execute_run(spec: RunSpec, stage: str, parameters: dict | None = None) -> None:
     """The one call into :mod:`qkplast.batch` (the only place a study reaches a run).
 
-    Written against today's ``batch.run(model, out, *, device, parameters, ...)``: stage ``capture`` is
-    ``load_or_capture``, ``analyze`` adds ``load_or_analyze``, ``notebooks`` is ``batch.run``. With the new
-    signature ``run(capture: CaptureOptions, out, *, analysis, parameters, stage, overwrite, progress)``
-    the whole body becomes::
-
-        batch.run(spec.capture, spec.run_dir, analysis=AnalysisOptions.from_kwargs(None, **spec.analysis),
-                  parameters=parameters, stage=stage, progress=False)
-
-    ``parameters`` reach every notebook (the book passes ``study``).
+    ``batch.run`` stops after ``stage`` and reuses what the run directory already holds (finished capture
+    parts, the analysis, executed notebooks), which is what makes a requeued job resume. ``parameters``
+    reach every notebook (the book passes ``study``).
     """
     from . import batch
 
-    cap = spec.capture
-    legacy = {k: getattr(cap, k) for k in batch.CAPTURE_KEYS}
-    unsupported = {k: v for k, v in cap.to_dict().items()
-                   if k not in batch.CAPTURE_KEYS and k != "revision" and v != getattr(CaptureOptions(), k)}
-    if unsupported:
-        raise StudyError(f"run {spec.name}: {sorted(unsupported)} need the CaptureOptions batch.run (issue 8)")
-    capture = batch.load_or_capture(spec.run_dir, revision=cap.revision, **legacy)
-    if stage == "capture":
-        return
-    batch.load_or_analyze(spec.run_dir, capture, seed=cap.seed, **spec.analysis)
-    if stage == "notebooks":
-        params = {**{k: v for k, v in legacy.items() if k not in ("model", "device")}, "analysis": spec.analysis,
-                  **(parameters or {})}
-        batch.run(cap.model, spec.run_dir, device=cap.device, parameters=params, progress=False)
+    analysis = AnalysisOptions.from_kwargs(None, seed=spec.capture.seed, **spec.analysis)
+    batch.run(spec.capture, spec.run_dir, analysis=analysis, parameters=parameters, stage=stage, progress=False)
 
 
 class RunJob(submitit.helpers.Checkpointable):

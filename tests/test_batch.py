@@ -29,7 +29,7 @@ def parameters_cell(path: Path) -> dict:
 
 
 def test_every_notebook_is_paired_and_has_a_first_parameters_cell():
-    assert len(NOTEBOOKS) == 11
+    assert len(NOTEBOOKS) == 13
     for py in NOTEBOOKS:
         nb = nbformat.read(py.with_suffix(".ipynb"), 4)
         code = [c for c in nb.cells if c.cell_type == "code"]
