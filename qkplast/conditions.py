@@ -38,7 +38,7 @@ import xarray as xr
 from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from .decompose import PARTS, VARIANTS, counterfactual_model, drop_of, edge_masks, fitted_layout, rotate_and_fit
 from .hooks import attention_transform
-from .options import AnalysisOptions
+from .options import AnalysisOptions, CaptureOptions
 from .plasticity import closed_form_kernel
 
 QUANTITIES = ("ap_drop",) + PARTS
@@ -236,9 +236,11 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
                     stack.enter_context(rope_base_scaled(loaded.model, spec["rope"]))
                 if spec["mask_k"]:
                     stack.enter_context(first_keys_masked(loaded.model, spec["mask_k"]))
-                cap = capture(loaded.model, loaded.tokenizer, documents, None, seq_len=spec["seq_len"],
-                              bucket_size=spec["seq_len"] // 16, samples_per_bucket=samples_per_bucket, heads=heads,
-                              seed=seed + spec["seed_shift"], docs=docs, short_docs="skip", progress=progress, model_info=loaded.info)
+                options = CaptureOptions(seq_len=spec["seq_len"], bucket_size=spec["seq_len"] // 16,
+                                         samples_per_bucket=samples_per_bucket, heads=heads,
+                                         seed=seed + spec["seed_shift"], docs=docs, short_docs="skip")
+                cap = capture(loaded.model, loaded.tokenizer, documents, None, options, progress=progress,
+                              model_info=loaded.info)
             if spec["mask_k"]:  # masked keys cannot win: they leave the analysis as keys (and as queries)
                 cap = cap.isel(sample=np.flatnonzero(cap.position.values >= spec["mask_k"]))
             cap.attrs["condition"] = name

@@ -21,6 +21,7 @@ import xarray as xr
 
 from .behavior import copy_by_distance
 from .intervene import ablate_heads, clamp_bias, select_heads
+from .options import CaptureOptions
 from .plasticity import PlasticityWarning
 
 __all__ = ["Condition", "conditions", "run_grid", "paired_bootstrap", "effect_table", "random_null",
@@ -252,17 +253,18 @@ def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Da
     from .capture import capture as run_capture
 
     attrs = capture.attrs
-    docs_kw = dict(seq_len=int(attrs["seq_len"]), bucket_size=int(attrs["bucket_size"]),
-                   samples_per_bucket=attrs["samples_per_bucket"], min_per_bucket=int(attrs["min_per_bucket"]),
-                   heads=attrs["heads_requested"], seed=int(attrs["seed"]), docs=docs, short_docs=attrs["short_docs"],
-                   progress=False)
+    # the settings the capture recorded, re-used so the clamped capture differs only by the clamp
+    options = CaptureOptions(seq_len=int(attrs["seq_len"]), bucket_size=int(attrs["bucket_size"]),
+                             samples_per_bucket=float(attrs["samples_per_bucket"]),
+                             min_per_bucket=int(attrs["min_per_bucket"]), heads=attrs.get("heads"),
+                             seed=int(attrs["seed"]), docs=docs, short_docs=attrs["short_docs"])
     rows_of = lambda ds: [int(np.flatnonzero((ds.layer.values == la) & (ds.q_head.values == h))[0])  # noqa: E731
                           for la, h in heads]
     analysis = analysis or {}
     results = {}
     for mode in modes:
         with clamp_bias(model, metrics, heads, mode=mode):
-            again = run_capture(model, tokenizer, corpus, **docs_kw)
+            again = run_capture(model, tokenizer, corpus, options=options, progress=False)
         results[mode] = again
     doc_ids = np.unique(next(iter(results.values())).doc.values)
     plain = capture.isel(sample=np.isin(capture.doc.values, doc_ids))

@@ -10,6 +10,7 @@ from test_capture import tiny_model, tiny_tokenizer
 import qkplast.experiments as qx
 from qkplast.analyze import analyze
 from qkplast.capture import capture
+from qkplast.options import CaptureOptions
 from qkplast.corpus import Document
 
 
@@ -53,8 +54,8 @@ def test_verdicts_follow_the_interval():
 def test_grid_end_to_end_on_a_tiny_model():
     torch.manual_seed(1)
     model, tok = tiny_model("llama"), tiny_tokenizer()
-    cap = capture(model, tok, _docs(), seq_len=64, bucket_size=8, samples_per_bucket=4, heads=None, docs=4,
-                  progress=False)
+    options = CaptureOptions(seq_len=64, bucket_size=8, samples_per_bucket=4, heads=None, docs=4, short_docs="concat")
+    cap = capture(model, tok, _docs(), options=options, progress=False)
     metrics = analyze(cap, n_pairs=32)
     grid = qx.run_grid(model, tok, _docs(), metrics, ks=[2], n_random=3, distances=[8, 24], windows=3, seq_len=64,
                        seg_len=6)

