@@ -174,6 +174,7 @@ from qkplast.plasticity import PlasticityWarning, pair_statistics, plasticity, s
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes
+seed, analysis = run.analysis.seed, {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}")
 for note in notes:
     print("note:", note)

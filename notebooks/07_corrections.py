@@ -15,7 +15,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # Assumptions and corrections
 #
@@ -42,11 +41,11 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from transformers import MllamaTextConfig
 
 from qkplast import nulls, reference, results, theory
 from qkplast.batch import load_or_analyze, load_or_bootstrap, load_run
 from qkplast.plasticity import PlasticityWarning, pair_statistics, plasticity
+from transformers import MllamaTextConfig  # after qkplast, which silences tqdm's ipywidgets warning
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture = run.capture

@@ -48,11 +48,12 @@ def conditions(metrics: xr.Dataset, ks: Sequence[int], n_random: int, seed: int 
     """The grid's conditions; random draw ``r`` for ``k`` uses ``default_rng([seed, k, r])``."""
     out = [Condition("none")]
     finite_bias = metrics.isel(head=np.isfinite(metrics["axis_a"].values).all(-1))
-    for k in ks:
+    # a k beyond the heads a (small) model has is capped there, so one grid serves every model
+    for k in sorted({min(int(k), metrics.sizes["head"]) for k in ks}):
         out.append(Condition("lowest", k, heads=select_heads(metrics, k, ABLATE_BY)))
         out += [Condition("random", k, r, select_heads(metrics, k, "random", seed=[seed, k, r])) for r in range(n_random)]
         out.append(Condition("highest", k, heads=select_heads(metrics, k, ABLATE_BY, largest=True)))
-        top = select_heads(finite_bias, k, CLAMP_BY, largest=True, absolute=True)
+        top = select_heads(finite_bias, min(k, finite_bias.sizes["head"]), CLAMP_BY, largest=True, absolute=True)
         out += [Condition("clamp query", k, heads=top), Condition("clamp key", k, heads=top)]
     return out
 

@@ -213,10 +213,6 @@ def test_qkplast_run_captures_and_analyses_from_a_hub_revision(hub, cli_run):
         assert (run_dir / "metrics.nc").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 8: qkplast run executes notebooks/NN_*.ipynb, which still hold the old capture parameter cells until "
-    "the lead syncs them from the migrated .py sources (load_run); a run of another model then fails in 02_capture "
-    "with 'made with other capture settings'. Remove this mark after the sync (strict: it fails once they pass)"))
 def test_qkplast_run_executes_every_notebook_from_a_hub_revision(hub, cli_run):
     argv, out, _, _ = cli_run
     full = _qkplast(argv, hub[0], 1800)  # reuses the captures and analyses
