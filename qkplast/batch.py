@@ -59,7 +59,7 @@ class RunError(QkplastError):
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet_transformers():
     """Silence transformers' progress bars and logging so notebook outputs stay deterministic."""
     import transformers
 
@@ -179,7 +179,7 @@ def _check_windows(options: CaptureOptions) -> None:
 
     name, revision = split_revision(options.model, options.revision)
     documents = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
-    with _quiet():
+    with quiet_transformers():
         preflight(replace(options, model=name, revision=revision), documents)
 
 
@@ -376,7 +376,7 @@ class Run:
 
 
 def _open_run(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions) -> Run:
-    with _quiet():
+    with quiet_transformers():
         path = _ensure_capture(run_dir, options, analysis)
     capture = open_capture(path)
     metrics, notes = load_or_analyze(run_dir, capture, **analysis.to_dict())
@@ -423,7 +423,7 @@ def load_or_capture(run_dir: str | os.PathLike, revision: str | None = None, **p
         params["revision"] = revision
     run_dir = Path(run_dir)
     options = _normalized(CaptureOptions.from_kwargs(run_settings(run_dir)[0], **params))
-    with _quiet():
+    with quiet_transformers():
         path = _ensure_capture(run_dir, options, AnalysisOptions(seed=options.seed))
     cap = open_capture(path)
     diff = _differences(cap.attrs, options)

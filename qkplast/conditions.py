@@ -142,24 +142,6 @@ def _documents(tokens: dict, tokenizer, start: int, prefix: str = ""):
 # --------------------------------------------------------------------------- captures
 
 
-@contextlib.contextmanager
-def _quiet():
-    """Silence transformers' weight-loading bars and logging so notebook outputs stay deterministic."""
-    import io
-
-    import transformers
-
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        transformers.logging.enable_progress_bar()
-
-
 def condition_grid(seq_len: int, rope_factors, window_lengths, sinks, mask_k: int, offset: int) -> dict[str, dict]:
     """Condition name -> its settings (``seq_len``, ``rope``, ``start``, ``bos``, ``mask_k``, ``seed_shift``).
 
@@ -198,6 +180,7 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
     long enough for the longest window and for the mid-document cut, one
     document per window (no concatenation), ``bucket_size = window // 16``.
     """
+    from .batch import quiet_transformers
     from .capture import capture
     from .corpus import open_corpus
     from .io import open_capture, save_capture
@@ -216,7 +199,7 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
         return folder / f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}.nc"
 
     out, seconds, loaded, tokens = {}, {}, None, None
-    with _quiet():  # weight-loading bars would make the notebook output machine-dependent
+    with quiet_transformers():  # weight-loading bars would make the notebook output machine-dependent
         for name, spec in grid.items():
             path = path_of(name, spec)
             if path.exists():

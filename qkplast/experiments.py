@@ -390,10 +390,10 @@ def baseline_table(grid: xr.Dataset, n_boot: int = 2000, level: float = 0.95, se
 
 def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=None, revision: str | None = None):
     """Load a model for the interventions with transformers' progress bars silenced (deterministic notebook output)."""
-    from .batch import _quiet
+    from .batch import quiet_transformers
     from .models import load_model
 
-    with _quiet():
+    with quiet_transformers():
         return load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling, revision=revision)
 
 
