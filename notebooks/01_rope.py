@@ -83,7 +83,7 @@ slow = table[table.turns_over_context < 1]
 print(f"{len(slow)} of {len(table)} rotation pairs turn less than once over {rope.max_positions} tokens")
 print(f"{int((table.wavelength_tokens > seq_len).sum())} pairs have a wavelength longer than the "
       f"{seq_len}-token capture window")
-table.iloc[[0, 1, 2, 8, 16, 24, 30, 31]].round(4)
+table.iloc[[i for i in (0, 1, 2, 8, 16, 24, 30, 31) if i < len(table)]].round(4)  # rows shown (a tiny test model has fewer)
 
 # %%
 fig = qp.rope_frequencies(table, {"capture window": seq_len, "model maximum": rope.max_positions})

@@ -310,7 +310,11 @@ STYLE = {"none": ("k", "-o"), "lowest": ("tab:blue", "-s"), "highest": ("tab:red
 
 
 def plot_copy_by_distance(grid: xr.Dataset, k: int, var: str = "acc"):
-    """Mean ``var`` by distance under each condition at ``k`` (random draws as thin grey lines)."""
+    """Mean ``var`` by distance under each condition at ``k`` (random draws as thin grey lines).
+
+    A ``k`` beyond the model's heads is capped as :func:`conditions` caps it.
+    """
+    k = min(int(k), int(grid.k.max()))
     fig, (ax,) = _fig()
     d = grid.distance.values
     mean = grid[var].mean("window")

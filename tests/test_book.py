@@ -153,7 +153,7 @@ def test_results_pages(site, browser):
     base, _ = site
     text = render(browser, f"{base}/book/notebooks/09_results_plasticity.html", "results_plasticity.png")
     assert_offline_math_and_resources(browser, base, math=False)
-    assert "thesis: Qwen-3" in text and "95% interval (basic)" in text and "stdlib-code" in text
+    assert "thesis: Qwen-3" in text and "95% basic" in text and "95% BCa" in text and "stdlib-code" in text
     assert_images_loaded(browser, minimum=4)
     text = render(browser, f"{base}/book/notebooks/11_results_benchmark.html", "results_benchmark.png")
     assert_offline_math_and_resources(browser, base)

@@ -203,9 +203,11 @@ def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, w
     a = attempts["a"]
     first = [x for x in a if x["job_id"] == first_job]
     assert len(first) >= 2, f"the job was never requeued ({a})"  # requeued as the same job
-    resumed = [x["parts_at_start"] for x in a[1:]]
+    # an attempt that starts after the prose capture is complete (the batch then captures the code corpus)
+    # finds its parts merged into capture.nc: it counts as all documents done
+    resumed = [docs if x.get("capture_done") else x["parts_at_start"] for x in a[1:]]
     assert max(x["parts_at_start"] for x in first[1:]) > 0, f"no requeued attempt found parts to resume from ({a})"
-    assert resumed == sorted(resumed) and resumed[-1] < docs  # parts only added; the last attempt finished the rest
+    assert resumed == sorted(resumed) and resumed[-1] <= docs  # parts only added; the last attempt finished the rest
     assert len(attempts["b"]) == 1
     assert "timed-out" in (tmp_path / "out" / "logs" / first_job / f"{first_job}_0_log.err").read_text()
     for name, docs in (("a", docs), ("b", 2)):
