@@ -38,11 +38,11 @@ run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest
 n_boot = 2000  # bootstrap replicates of every interval on this page
 n_perm = 2000  # permutations of every null on this page
 cond_docs = None  # documents of the content-decay conditions, the same in every condition (None: min(6, docs))
-cond_seq_len = None  # window of the conditions' baseline, 16 buckets (None: min(512, seq_len))
+cond_seq_len = None  # window of the conditions' baseline, 16 buckets (None: min(1024, seq_len))
 cond_samples_per_bucket = 8  # samples per bucket per document in the conditions: 48 queries per bucket at 6 documents
 cond_heads = 90  # query heads captured per condition (a uniform sample; a third of SmolLM2's, 35 MB a condition)
 rope_factors = [0.5, 2.0, 4.0]  # RoPE base multipliers applied at inference
-window_factors = [1, 2, 4]  # windows compared, in multiples of cond_seq_len (with cond_seq_len=1024, [1, 2, 4, 8] gives 1K-8K)
+window_factors = [1, 2, 4, 8]  # windows compared, in multiples of cond_seq_len (1K-8K by default; longer than the run's windows are left out)
 sinks = ["bos", "mid_document", "mask_first"]  # initial-token conditions
 mask_k = 4  # keys masked at the start of every window in the mask_first condition
 
@@ -236,7 +236,9 @@ fig = op.counterfactual_profiles(metrics)
 #
 # All conditions use the same documents (the first ones long enough for every window), one document per
 # window. A scaled RoPE base is applied by rescaling the loaded model's rotary frequency buffers and restoring
-# them afterwards; masking goes through the attention hook. Intervals are percentile bootstrap intervals over
+# them afterwards; masking goes through the attention hook. A window equal to the run's own is cut from the
+# run's capture (the heads, documents and positions a new capture would take, checked token by token) rather
+# than captured again. Intervals are percentile bootstrap intervals over
 # documents with the same document weights in every condition, so differences to the baseline are paired.
 # With only a few documents they are coarse; the reseeded baseline shows how far two captures of the same
 # setting differ with no intervention at all.
@@ -244,11 +246,14 @@ fig = op.counterfactual_profiles(metrics)
 # %%
 t0, t0_cpu = time.perf_counter(), time.process_time()
 cond_docs = cond_docs or min(6, docs)
-cond_seq_len = cond_seq_len or min(512, opt.seq_len)
+cond_seq_len = cond_seq_len or min(1024, opt.seq_len)
+window_lengths = [int(f * cond_seq_len) for f in window_factors if f * cond_seq_len <= opt.seq_len]
+if len(window_lengths) < len(window_factors):
+    print(f"windows longer than the run's {opt.seq_len} tokens are left out: {[int(f * cond_seq_len) for f in window_factors if f * cond_seq_len > opt.seq_len]}")
 captures, capture_seconds = capture_conditions(
     run_dir, model=model, corpus=corpus, docs=cond_docs, seq_len=cond_seq_len, rope_factors=rope_factors,
-    window_lengths=[int(f * cond_seq_len) for f in window_factors], sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket,
-    heads=min(cond_heads, heads or cond_heads), seed=seed, device=device, dtype=dtype)
+    window_lengths=window_lengths, sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket,
+    heads=min(cond_heads, heads or cond_heads), seed=seed, device=device, dtype=dtype, reuse=capture)
 values, differences = condition_table(captures, None, n_boot=n_boot, seed=seed)
 conditions_seconds, conditions_cpu = time.perf_counter() - t0, time.process_time() - t0_cpu
 table = values.pivot(index="condition", columns="quantity", values="estimate").loc[list(captures)]
@@ -334,7 +339,7 @@ fig = op.gqa_null(gqa) if gqa is not None else None
 #   the closed form and the Monte Carlo estimate disagree ({doc}`09_results_plasticity`), it inherits the gap.
 #   Its content part also holds the keys' own semantic differences (`ap_drop_keys`), which a query-side
 #   explanation of content decay does not cover.
-# * The condition grid is small by default and runs on a 135M model at short windows. The RoPE and window
+# * The condition grid is small by default and runs on a 135M model at windows up to its trained 8K. The RoPE and window
 #   conditions are inference-time changes of a model trained with one base and length; a model trained under
 #   the changed setting could behave differently, which is what section 7.6 ultimately asks.
 # * The GQA test says whether groups are more alike than chance within a layer; it does not say why (shared
@@ -343,4 +348,5 @@ fig = op.gqa_null(gqa) if gqa is not None else None
 # %% tags=["nbval-ignore-output"]
 print(f"this page ran in {time.perf_counter() - started:.0f} s ({time.process_time() - started_cpu:.0f} s of CPU in this "
       f"process), of which the conditions took {conditions_seconds:.0f} s ({conditions_cpu:.0f} s of CPU; captures "
-      f"{sum(capture_seconds.values()):.0f} s, 0 s for a cached condition)")
+      f"{sum(capture_seconds.values()):.0f} s, 0 s for a cached condition or one cut from the run's capture: "
+      f"{[c for c, cap in captures.items() if cap.attrs.get('cut_from')] or 'none'})")

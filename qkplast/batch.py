@@ -613,6 +613,8 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
             raise RunError(f"notebook {path.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
                            f"(executed copy with the traceback: {target})") from exc
         seconds = round(time.perf_counter() - t0, 2)
+        if progress:
+            print(f"[qkplast run] notebook {i}/{len(paths)}: {path.name} done in {seconds:.0f} s", file=sys.stderr, flush=True)
         manifest["notebooks"].append({"name": path.name, "status": "ok", "seconds": seconds, "source": digest,
                                       "parameters": nb_params})
         manifest["timings_s"][path.stem] = seconds

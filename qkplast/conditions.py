@@ -172,13 +172,19 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
                        docs: int = 6, seq_len: int = 1024, rope_factors=(0.5, 2.0, 4.0), window_lengths=(1024, 2048),
                        sinks=("bos", "mid_document", "mask_first"), mask_k: int = 4, offset: int | None = None,
                        samples_per_bucket: float = 8, heads: int | None = 300, seed: int = 0, device: str = "cpu",
-                       dtype: str = "auto", progress: bool = False) -> tuple[dict[str, xr.Dataset], dict]:
+                       dtype: str = "auto", progress: bool = False,
+                       reuse: xr.Dataset | None = None) -> tuple[dict[str, xr.Dataset], dict]:
     """Capture every condition of :func:`condition_grid` on the same documents (cached under ``RUN/conditions/``).
 
     Returns the captures by condition name and the capture seconds of each
-    (0 for a cached one). Every condition uses the first ``docs`` documents
-    long enough for the longest window and for the mid-document cut, one
-    document per window (no concatenation), ``bucket_size = window // 16``.
+    (0 for a cached or reused one). Every condition uses the first ``docs``
+    documents long enough for the longest window and for the mid-document cut,
+    one document per window (no concatenation), ``bucket_size = window // 16``.
+
+    ``reuse`` is a capture already made (the run's own): a condition with no
+    intervention whose window, buckets, samples, seed, model and corpus equal
+    its settings is cut from it (the same heads, documents and positions a new
+    capture would take; the tokens are checked) instead of a forward pass.
     """
     from .batch import quiet_transformers
     from .capture import capture
@@ -210,6 +216,13 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
                 need = max(c["seq_len"] + c["start"] for c in grid.values()) + 16  # margin: decode + re-encode may merge a few tokens
                 tokens = select_documents(open_corpus(corpus), loaded.tokenizer, docs, need)
             t0 = time.perf_counter()
+            resolved = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")  # "auto" as loaded
+            cut = _cut_from(reuse, spec, {**settings, "dtype": resolved}, tokens)
+            if cut is not None:
+                cut.attrs["condition"], cut.attrs["condition_settings"] = name, spec
+                save_capture(cut, path, overwrite=True)
+                out[name], seconds[name] = cut, 0.0
+                continue
             prefix = loaded.tokenizer.bos_token if spec["bos"] else ""
             if spec["bos"] and not prefix:
                 raise ValueError(f"the tokenizer of {model} has no BOS token; drop 'bos' from the sink conditions")
@@ -231,6 +244,43 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
             save_capture(cap, path, overwrite=True)
             out[name], seconds[name] = cap, round(time.perf_counter() - t0, 2)
     return out, seconds
+
+
+def _cut_from(reuse: xr.Dataset | None, spec: dict, settings: dict, tokens: dict) -> xr.Dataset | None:
+    """``reuse`` restricted to what a capture of condition ``spec`` would hold, or None when it cannot stand in.
+
+    A capture is deterministic given its settings (heads drawn by
+    :func:`qkplast.sampling.chosen_heads`, positions seeded per document), so a
+    capture of every head with the same window, buckets, samples and seed holds
+    the condition's capture as a subset. The tokens at the sampled positions are
+    compared with the condition's documents, which guards against a corpus read
+    or tokenised differently.
+    """
+    from .sampling import chosen_heads
+
+    if reuse is None or spec["rope"] != 1.0 or spec["start"] or spec["bos"] or spec["mask_k"]:
+        return None
+    a = reuse.attrs
+    same = (a.get("model") == settings["model"] and a.get("corpus") == settings["corpus"]
+            and str(a.get("dtype")) == str(settings["dtype"]) and int(a["seq_len"]) == spec["seq_len"]
+            and int(a["bucket_size"]) == spec["seq_len"] // 16
+            and float(a["samples_per_bucket"]) == float(settings["samples_per_bucket"])
+            and int(a["seed"]) == settings["seed"] + spec["seed_shift"] and not a.get("rope_scaling")
+            and int(a.get("heads_eligible", -1)) == reuse.sizes["head"])
+    if not same:
+        return None
+    doc_ids = list(tokens)
+    keep = np.isin(reuse.doc.values, doc_ids)
+    if list(dict.fromkeys(reuse.doc.values[keep])) != doc_ids:
+        return None
+    cut = reuse.isel(head=chosen_heads(reuse.sizes["head"], settings["heads"], settings["seed"]),
+                     sample=np.flatnonzero(keep))
+    expected = [tokens[d][p] if p < len(tokens[d]) else -1 for d, p in zip(cut.doc.values, cut.position.values)]
+    if not np.array_equal(np.asarray(expected), cut.token.values):
+        return None
+    cut = cut.copy()
+    cut.attrs.update(docs=len(doc_ids), n_docs=len(doc_ids), heads=settings["heads"], cut_from="the run's capture")
+    return cut
 
 
 # --------------------------------------------------------------------------- decomposition by document

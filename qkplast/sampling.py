@@ -57,9 +57,7 @@ def sample_heads(layout: ModelLayout, heads: int | None = 300, seed: int = 0) ->
         raise CaptureError(f"heads must be positive, got {heads}")
     rope_of = {info.layer: info.rope for info in layout.layers}
     pairs = np.array([(layer, h) for layer in layout.eligible_layers for h in range(layout.n_q_heads)], dtype=np.int64)
-    if heads is not None and heads < len(pairs):
-        chosen = np.sort(np.random.default_rng(seed).choice(len(pairs), size=heads, replace=False))
-        pairs = pairs[chosen]
+    pairs = pairs[chosen_heads(len(pairs), heads, seed)]
     group = layout.n_q_heads // layout.n_kv_heads
     return HeadPlan(
         layer=pairs[:, 0],
@@ -70,6 +68,17 @@ def sample_heads(layout: ModelLayout, heads: int | None = 300, seed: int = 0) ->
         requested=heads,
         seed=seed,
     )
+
+
+def chosen_heads(n_eligible: int, heads: int | None, seed: int) -> np.ndarray:
+    """Indices of the sampled heads among ``n_eligible`` listed in (layer, q_head) order, sorted.
+
+    The one place the head draw happens, so a capture of all heads can be cut
+    down to exactly the heads a smaller capture with the same seed would take.
+    """
+    if heads is None or heads >= n_eligible:
+        return np.arange(n_eligible)
+    return np.sort(np.random.default_rng(seed).choice(n_eligible, size=heads, replace=False))
 
 
 def _doc_seed(seed: int, doc_id: str) -> np.random.SeedSequence:

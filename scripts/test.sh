@@ -12,4 +12,5 @@ nb=()
 if compgen -G "notebooks/*.ipynb" >/dev/null; then
   nb=(--nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg)
 fi
-.venv/bin/python -m pytest tests "${nb[@]}" "$@"
+# --durations: the slowest tests are listed in every CI log, so the ~25-minute budget can be watched.
+.venv/bin/python -m pytest tests "${nb[@]}" --durations=30 "$@"
