@@ -316,16 +316,8 @@ weighting.round(4)
 # **Pooled against within-document query statistics** (Definition 4.1 conditions on the prefix):
 
 # %%
-from qkplast.pooling import within_document_ap
+from qkplast.pooling import pooling_table
 
-pool = within_document_ap(capture, seed=seed, **{k: v for k, v in analysis.items() if k != "semantic_stats"})
-pooling = pd.DataFrame({"pooled over documents (estimator)": [float(pool[f"{n}_pooled"].mean()) for n in names],
-                        "within documents (Definition 4.1)": [float(pool[f"{n}_within"].mean()) for n in names]},
-                       index=names)
-pooling["difference"] = pooling.iloc[:, 1] - pooling.iloc[:, 0]
-share = float(np.nanmedian(pool.within_variance_share))
-print(f"within-document share of the pooled semantic variance: median {share:.2f} over (head, bucket); "
-      f"pooling {'raises' if float(np.nanmean(pool.pooling_excess)) > 0 else 'lowers'} plasticity by "
-      f"{abs(float(np.nanmean(pool.pooling_excess))):.4f} on average over heads and buckets "
-      f"({pool.attrs['method']})")
+pooling, reading = pooling_table(capture, names, seed=seed, **{k: v for k, v in analysis.items() if k != "semantic_stats"})
+print(reading)
 pooling.round(4)

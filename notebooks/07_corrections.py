@@ -83,15 +83,10 @@ basis.map(lambda v: f"{v:.3g}" if abs(v) > 1e-12 else "< 1e-12")
 
 # %%
 r1 = nulls.diagonal_null(capture, n_perm=n_null, seed=seed)
-obs, nul = r1.observed, r1.null_median
-v = results.null_verdict(float(obs.sel(summary="spread")), r1.null.sel(summary="spread").values,
-                         null_name="within-bucket permutation of each coordinate")
+v, text, table = nulls.describe(r1, "v_diag / v_full", "within-bucket permutation of each coordinate")
 verdicts["1. semantic coordinates correlated within a bucket"] = v["word"]
-print(f"v_diag / v_full: observed median {float(obs.sel(summary='median')):.2f}, 5-95% {float(obs.sel(summary='q05')):.2f}-"
-      f"{float(obs.sel(summary='q95')):.2f}; under the null median {float(nul.sel(summary='median')):.2f}, 5-95% "
-      f"{float(nul.sel(summary='q05')):.2f}-{float(nul.sel(summary='q95')):.2f} ({r1.attrs['pairs_per_bucket']} pairs per bucket)")
-print(f"spread statistic {r1.attrs['spread_statistic']}: {v['text']}")
-nulls.null_table({"v_diag / v_full": r1})
+print(text)
+table
 
 # %% [markdown]
 # How much the default (diagonal) analysis differs from the full-covariance one on this model:
@@ -117,15 +112,10 @@ pd.DataFrame({"diagonal (eq. 4.12)": [float(metrics[n].mean()) for n in names],
 
 # %%
 r2 = nulls.bucket_shuffle_null(capture, n_perm=n_null, seed=seed)
-obs, nul = r2.observed, r2.null_median
-v = results.null_verdict(float(obs.sel(summary="spread")), r2.null.sel(summary="spread").values,
-                         null_name="bucket labels shuffled within documents")
+v, text, table = nulls.describe(r2, "per head, median of max_b v / min_b v", "bucket labels shuffled within documents")
 verdicts["2. v depends on the query bucket"] = v["word"]
-print(f"per head, median of max_b v / min_b v: observed median {float(obs.sel(summary='median')):.2f}, 5-95% {float(obs.sel(summary='q05')):.2f}-"
-      f"{float(obs.sel(summary='q95')):.2f}; under the null median {float(nul.sel(summary='median')):.2f}, 5-95% "
-      f"{float(nul.sel(summary='q05')):.2f}-{float(nul.sel(summary='q95')):.2f} ({r2.attrs['pairs_per_bucket']} pairs per bucket)")
-print(f"spread statistic {r2.attrs['spread_statistic']}: {v['text']}")
-nulls.null_table({"per head, median of max_b v / min_b v": r2})
+print(text)
+table
 
 # %% [markdown]
 # Within a bucket the argument holds as stated; across buckets the theorem needs a bound on
@@ -145,15 +135,10 @@ nulls.null_table({"per head, median of max_b v / min_b v": r2})
 
 # %%
 r3 = nulls.independence_null(capture, n_perm=n_null, seed=seed)
-obs, nul = r3.observed, r3.null_median
-v = results.null_verdict(float(obs.sel(summary="spread")), r3.null.sel(summary="spread").values,
-                         null_name="coordinate 1 permuted within buckets")
+v, text, table = nulls.describe(r3, "v_joint / v_indep", "coordinate 1 permuted within buckets")
 verdicts["3. positional residual depends on the semantic coordinates"] = v["word"]
-print(f"v_joint / v_indep: observed median {float(obs.sel(summary='median')):.2f}, 5-95% {float(obs.sel(summary='q05')):.2f}-"
-      f"{float(obs.sel(summary='q95')):.2f}; under the null median {float(nul.sel(summary='median')):.2f}, 5-95% "
-      f"{float(nul.sel(summary='q05')):.2f}-{float(nul.sel(summary='q95')):.2f} ({r3.attrs['pairs_per_bucket']} pairs per bucket)")
-print(f"spread statistic {r3.attrs['spread_statistic']}: {v['text']}")
-nulls.null_table({"v_joint / v_indep": r3})
+print(text)
+table
 
 # %% [markdown]
 # ## 4. $\delta_1$ is a real-valued coordinate difference, not a bucket difference
@@ -299,18 +284,10 @@ weighting.round(4)
 # cell the within-document variances are themselves noisy.
 
 # %%
-from qkplast.pooling import within_document_ap
+from qkplast.pooling import pooling_table
 
-pool = within_document_ap(capture, seed=seed)
-pooling = pd.DataFrame({"pooled over documents (estimator)": [float(pool[f"{n}_pooled"].mean()) for n in names],
-                        "within documents (Definition 4.1)": [float(pool[f"{n}_within"].mean()) for n in names]},
-                       index=names)
-pooling["difference"] = pooling.iloc[:, 1] - pooling.iloc[:, 0]
-share_w = float(np.nanmedian(pool.within_variance_share))
-print(f"within-document share of the pooled semantic variance: median {share_w:.2f} over (head, bucket); "
-      f"pooling {'raises' if float(np.nanmean(pool.pooling_excess)) > 0 else 'lowers'} plasticity by "
-      f"{abs(float(np.nanmean(pool.pooling_excess))):.4f} on average over heads and buckets "
-      f"({pool.attrs['method']})")
+pooling, reading = pooling_table(capture, names, seed=seed)
+print(reading)
 pooling.round(4)
 
 # %% [markdown]

@@ -63,7 +63,7 @@ distances = [32, 96, 192, 384]  # tokens between the two copies of the segment
 copy_windows = 8  # corpus windows for the behaviour (the bootstrap unit)
 copy_seq_len = 448  # window length for the behaviour; 2048 is 5x slower per window on CPU
 seg_len = 24  # planted segment length (tokens)
-geometry_docs = 2  # capture windows re-captured inside each clamp
+geometry_docs = 1  # capture windows re-captured inside each clamp (one forward of the run's window per clamp mode and window)
 n_boot = 2000  # bootstrap replicates over windows
 
 # %%
@@ -72,7 +72,8 @@ import pandas as pd
 
 import qkplast.experiments as qx
 from qkplast.batch import load_run
-from qkplast.corpus import open_corpus
+from qkplast import CaptureOptions
+from qkplast.corpus import count_windows, open_corpus
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes
@@ -81,6 +82,12 @@ analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
 model, corpus, docs, heads, device, dtype = opt.model, opt.corpus, opt.docs, opt.heads, opt.device, opt.dtype
 loaded = qx.load(opt.model, device=opt.device, dtype=opt.dtype, rope_scaling=opt.rope_scaling, revision=opt.revision)
 documents = open_corpus(corpus)
+available = count_windows(documents, loaded.tokenizer, CaptureOptions(seq_len=copy_seq_len, bucket_size=copy_seq_len, docs=copy_windows,
+                                                                      short_docs="concat"), strict=False)
+if available < copy_windows:  # a small corpus (a rehearsal): fewer windows, coarser intervals, said here
+    print(f"the corpus yields {available} windows of {copy_seq_len} tokens, not {copy_windows}: the behaviour uses "
+          f"{available}, and its intervals over so few windows are coarse")
+    copy_windows = available
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}; behaviour on {copy_windows} windows of "
       f"{copy_seq_len} tokens")
 
@@ -145,8 +152,9 @@ qx.random_null(grid).round(3)
 # not exactly the full run's, and a head above other clamped heads receives a residual stream they changed.
 
 # %%
+k_clamp = int(grid.k.values[grid.kind.values == "clamp query"].max())  # the largest k the model's heads allow
 clamped = [tuple(map(int, h.split("."))) for h in str(grid.heads.sel(condition=(grid.kind == "clamp query")
-                                                                       & (grid.k == max(ks))).values[0]).split()]
+                                                                       & (grid.k == k_clamp)).values[0]).split()]
 geometry, profiles = qx.load_or_clamp_geometry(run_dir, loaded.model, loaded.tokenizer, documents, capture, metrics,
                                                clamped, docs=geometry_docs, analysis={"seed": seed, **analysis})
 columns = ["residual |bias| ratio", "ratio to plain, same docs", "ap_last20 plain", "ap_last20 clamped",

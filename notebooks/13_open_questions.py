@@ -63,7 +63,7 @@ run = load_run(run_dir, globals())  # settings from the run's manifest (defaults
 capture, metrics, notes = run.capture, run.metrics, run.notes
 opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
 analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
-model, corpus, docs, heads, device, dtype = opt.model, opt.corpus, opt.docs, opt.heads, opt.device, opt.dtype
+docs, heads = opt.docs, opt.heads
 print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}, {capture.attrs['n_docs']} windows of {capture.attrs['seq_len']} tokens")
 
 # %% [markdown]
@@ -251,9 +251,9 @@ window_lengths = [int(f * cond_seq_len) for f in window_factors if f * cond_seq_
 if len(window_lengths) < len(window_factors):
     print(f"windows longer than the run's {opt.seq_len} tokens are left out: {[int(f * cond_seq_len) for f in window_factors if f * cond_seq_len > opt.seq_len]}")
 captures, capture_seconds = capture_conditions(
-    run_dir, model=model, corpus=corpus, docs=cond_docs, seq_len=cond_seq_len, rope_factors=rope_factors,
-    window_lengths=window_lengths, sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket,
-    heads=min(cond_heads, heads or cond_heads), seed=seed, device=device, dtype=dtype, reuse=capture)
+    run_dir, opt, docs=cond_docs, seq_len=cond_seq_len, rope_factors=rope_factors, window_lengths=window_lengths,
+    sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket, heads=min(cond_heads, heads or cond_heads),
+    reuse=capture)
 values, differences = condition_table(captures, None, n_boot=n_boot, seed=seed)
 conditions_seconds, conditions_cpu = time.perf_counter() - t0, time.process_time() - t0_cpu
 table = values.pivot(index="condition", columns="quantity", values="estimate").loc[list(captures)]

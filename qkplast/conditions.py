@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -168,13 +169,17 @@ def condition_grid(seq_len: int, rope_factors, window_lengths, sinks, mask_k: in
     return grid
 
 
-def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m", corpus: str = "pydoc-topics",
-                       docs: int = 6, seq_len: int = 1024, rope_factors=(0.5, 2.0, 4.0), window_lengths=(1024, 2048),
+def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | None = None, *, docs: int = 6,
+                       seq_len: int = 1024, rope_factors=(0.5, 2.0, 4.0), window_lengths=(1024, 2048),
                        sinks=("bos", "mid_document", "mask_first"), mask_k: int = 4, offset: int | None = None,
-                       samples_per_bucket: float = 8, heads: int | None = 300, seed: int = 0, device: str = "cpu",
-                       dtype: str = "auto", progress: bool = False,
+                       samples_per_bucket: float = 8, heads: int | None = 300, progress: bool = False,
                        reuse: xr.Dataset | None = None) -> tuple[dict[str, xr.Dataset], dict]:
     """Capture every condition of :func:`condition_grid` on the same documents (cached under ``RUN/conditions/``).
+
+    ``capture`` is the run's capture settings, passed whole: the model (with
+    its revision and RoPE scaling), corpus, device, dtype and seed of every
+    condition come from it; the window, documents, samples and heads of the
+    conditions are the keywords.
 
     Returns the captures by condition name and the capture seconds of each
     (0 for a cached or reused one). Every condition uses the first ``docs``
@@ -187,15 +192,17 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
     capture would take; the tokens are checked) instead of a forward pass.
     """
     from .batch import quiet_transformers
-    from .capture import capture
+    from .capture import capture as capture_into
     from .corpus import open_corpus
     from .io import open_capture, save_capture
     from .models import load_model
 
+    run = capture or CaptureOptions()
     offset = seq_len // 2 if offset is None else int(offset)
     grid = condition_grid(seq_len, rope_factors, window_lengths, sinks, mask_k, offset)
-    settings = {"model": model, "corpus": corpus, "docs": docs, "samples_per_bucket": samples_per_bucket,
-                "heads": heads, "seed": seed, "dtype": dtype}
+    seed = run.seed
+    settings = {"model": run.model, "revision": run.revision, "rope_scaling": run.rope_scaling, "corpus": run.corpus,
+                "docs": docs, "samples_per_bucket": samples_per_bucket, "heads": heads, "seed": seed, "dtype": run.dtype}
     folder = Path(run_dir) / "conditions"
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -212,9 +219,11 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
                 out[name], seconds[name] = open_capture(path), 0.0
                 continue
             if loaded is None:
-                loaded = load_model(model, device=device, dtype=dtype)
+                loaded = load_model(run.model, device=run.device, dtype=run.dtype, rope_scaling=run.rope_scaling,
+                                    revision=run.revision)
                 need = max(c["seq_len"] + c["start"] for c in grid.values()) + 16  # margin: decode + re-encode may merge a few tokens
-                tokens = select_documents(open_corpus(corpus), loaded.tokenizer, docs, need)
+                tokens = select_documents(open_corpus(run.corpus, text_field=run.text_field, id_field=run.id_field),
+                                          loaded.tokenizer, docs, need)
             t0 = time.perf_counter()
             resolved = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")  # "auto" as loaded
             cut = _cut_from(reuse, spec, {**settings, "dtype": resolved}, tokens)
@@ -225,18 +234,18 @@ def capture_conditions(run_dir: str | os.PathLike, *, model: str = "smollm2-135m
                 continue
             prefix = loaded.tokenizer.bos_token if spec["bos"] else ""
             if spec["bos"] and not prefix:
-                raise ValueError(f"the tokenizer of {model} has no BOS token; drop 'bos' from the sink conditions")
+                raise ValueError(f"the tokenizer of {run.model} has no BOS token; drop 'bos' from the sink conditions")
             documents = _documents(tokens, loaded.tokenizer, spec["start"], prefix)
             with contextlib.ExitStack() as stack:
                 if spec["rope"] != 1.0:
                     stack.enter_context(rope_base_scaled(loaded.model, spec["rope"]))
                 if spec["mask_k"]:
                     stack.enter_context(first_keys_masked(loaded.model, spec["mask_k"]))
-                options = CaptureOptions(seq_len=spec["seq_len"], bucket_size=spec["seq_len"] // 16,
-                                         samples_per_bucket=samples_per_bucket, heads=heads,
-                                         seed=seed + spec["seed_shift"], docs=docs, short_docs="skip")
-                cap = capture(loaded.model, loaded.tokenizer, documents, None, options, progress=progress,
-                              model_info=loaded.info)
+                options = replace(run, seq_len=spec["seq_len"], bucket_size=spec["seq_len"] // 16,
+                                  samples_per_bucket=samples_per_bucket, heads=heads, seed=seed + spec["seed_shift"],
+                                  docs=docs, short_docs="skip", min_per_bucket=0)
+                cap = capture_into(loaded.model, loaded.tokenizer, documents, None, options, progress=progress,
+                                   model_info=loaded.info)
             if spec["mask_k"]:  # masked keys cannot win: they leave the analysis as keys (and as queries)
                 cap = cap.isel(sample=np.flatnonzero(cap.position.values >= spec["mask_k"]))
             cap.attrs["condition"] = name
@@ -262,10 +271,11 @@ def _cut_from(reuse: xr.Dataset | None, spec: dict, settings: dict, tokens: dict
         return None
     a = reuse.attrs
     same = (a.get("model") == settings["model"] and a.get("corpus") == settings["corpus"]
+            and a.get("revision") == settings["revision"] and a.get("rope_scaling") == settings["rope_scaling"]
             and str(a.get("dtype")) == str(settings["dtype"]) and int(a["seq_len"]) == spec["seq_len"]
             and int(a["bucket_size"]) == spec["seq_len"] // 16
             and float(a["samples_per_bucket"]) == float(settings["samples_per_bucket"])
-            and int(a["seed"]) == settings["seed"] + spec["seed_shift"] and not a.get("rope_scaling")
+            and int(a["seed"]) == settings["seed"] + spec["seed_shift"]
             and int(a.get("heads_eligible", -1)) == reuse.sizes["head"])
     if not same:
         return None

@@ -270,3 +270,26 @@ def null_table(results: dict[str, xr.Dataset]):
             "p-value": f"{float(r.p_value):.3g}", "permutations": r.attrs["n_perm"],
         }
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def summary_line(result: xr.Dataset, label: str) -> str:
+    """``label``: the observed median and 5-95% range beside the null's (median over permutations), in words."""
+    o, nm = result.observed, result.null_median
+    return (f"{label}: observed median {float(o.sel(summary='median')):.2f}, 5-95% {float(o.sel(summary='q05')):.2f}-"
+            f"{float(o.sel(summary='q95')):.2f}; under the null median {float(nm.sel(summary='median')):.2f}, 5-95% "
+            f"{float(nm.sel(summary='q05')):.2f}-{float(nm.sel(summary='q95')):.2f} "
+            f"({result.attrs['pairs_per_bucket']} pairs per bucket)")
+
+
+def describe(result: xr.Dataset, label: str, null_name: str):
+    """The verdict on the spread statistic (:func:`qkplast.results.null_verdict`), two lines of text and the table.
+
+    Returns ``(verdict, text, table)``: ``verdict["word"]`` is "confirmed" only when the observed spread
+    beats the null; ``text`` is :func:`summary_line` and the spread statistic's verdict in words.
+    """
+    from .results import null_verdict
+
+    v = null_verdict(float(result.observed.sel(summary="spread")), result.null.sel(summary="spread").values,
+                     null_name=null_name)
+    text = f"{summary_line(result, label)}\nspread statistic {result.attrs['spread_statistic']}: {v['text']}"
+    return v, text, null_table({label: result})

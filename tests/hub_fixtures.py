@@ -29,6 +29,7 @@ download), saved as ``tokenizer.json``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -141,15 +142,21 @@ def make_hub(cache: Path, archs=ARCHITECTURES, branch: str = BRANCH) -> dict[str
     return {arch: save_to_hub_cache(tiny_model(arch), tokenizer, repo_id(arch), cache, branch) for arch in archs}
 
 
-def long_corpus(path: Path, n_chars: int = 700_000) -> Path:
-    """A ``.txt`` document of natural prose (pydoc topics in order, repeated) of ``n_chars`` characters.
+def long_corpus(path: Path, n_chars: int = 700_000, docs: int = 2) -> Path:
+    """A ``.jsonl`` corpus of ``docs`` documents of natural prose, ``n_chars`` characters each.
 
-    The tiny BPE gives about 3.7 characters per token, so the default holds one 131072-token window.
+    Each document is the pydoc topics, repeated, starting at a different topic, so no two documents share
+    their windows. The tiny BPE gives about 3.7 characters per token, so each holds one 131072-token
+    window, and a run of ``--docs 2`` has the two documents its bootstraps and nulls need.
     """
     from pydoc_data.topics import topics
 
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    path.write_text((text * (n_chars // len(text) + 1))[:n_chars])
+    names = sorted(topics)
+    with path.open("w") as f:
+        for d in range(docs):
+            shift = d * len(names) // docs
+            text = "\n\n".join(topics[k] for k in names[shift:] + names[:shift])
+            f.write(json.dumps({"id": f"doc{d}", "text": (text * (n_chars // len(text) + 1))[:n_chars]}) + "\n")
     return path
 
 

@@ -44,9 +44,6 @@ def test_every_notebook_is_paired_and_has_a_first_parameters_cell():
 
 
 @pytest.mark.acceptance
-@pytest.mark.xfail(strict=False, reason=(
-    "open (issue 11): at the tiny setting notebook 12's intervention cells index an empty selection; "
-    "the default setting executes (nbval)"))
 def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
     from dataclasses import fields
 

@@ -1,6 +1,7 @@
 """Content-decay conditions (beyond the thesis, 7.6): the interventions are exact and reversible, the bootstrap is consistent."""
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -98,16 +99,16 @@ def test_a_window_equal_to_the_runs_is_cut_from_its_capture_exactly(tmp_path):
     from qkplast.conditions import capture_conditions
     from qkplast.options import CaptureOptions
 
-    common = dict(model="smollm2-135m", corpus="pydoc-topics", docs=2, samples_per_bucket=2, seed=3)
-    run = run_capture(CaptureOptions(**common, seq_len=512, bucket_size=32, heads=None, short_docs="skip"),
-                      tmp_path / "run.nc", progress=False)
+    opt = CaptureOptions(model="smollm2-135m", corpus="pydoc-topics", docs=2, samples_per_bucket=2, seed=3, seq_len=512,
+                         bucket_size=32, heads=None, short_docs="skip")
+    run = run_capture(opt, tmp_path / "run.nc", progress=False)
     # the first two documents of pydoc-topics with 512 tokens are those with 512 + 16 (the conditions' margin)
-    kw = dict(**common, seq_len=256, window_lengths=(256, 512), rope_factors=(), sinks=(), heads=6)
-    fresh, fresh_s = capture_conditions(tmp_path / "a", **kw)
-    cut, cut_s = capture_conditions(tmp_path / "b", **kw, reuse=run)
+    kw = dict(docs=2, samples_per_bucket=2, seq_len=256, window_lengths=(256, 512), rope_factors=(), sinks=(), heads=6)
+    fresh, fresh_s = capture_conditions(tmp_path / "a", opt, **kw)
+    cut, cut_s = capture_conditions(tmp_path / "b", opt, **kw, reuse=run)
     assert cut["window_512"].attrs.get("cut_from") and cut_s["window_512"] == 0.0 and fresh_s["window_512"] > 0
     for name in ("q", "k", "position", "doc", "token", "layer", "q_head"):
         np.testing.assert_array_equal(cut["window_512"][name].values, fresh["window_512"][name].values, err_msg=name)
     assert not cut["baseline"].attrs.get("cut_from")  # another window: captured
-    other, other_s = capture_conditions(tmp_path / "c", **{**kw, "seed": 4}, reuse=run)  # another seed: captured
+    other, other_s = capture_conditions(tmp_path / "c", replace(opt, seed=4), **kw, reuse=run)  # another seed: captured
     assert not other["window_512"].attrs.get("cut_from") and other_s["window_512"] > 0

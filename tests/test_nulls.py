@@ -55,3 +55,6 @@ def test_bucket_shuffle_null_and_table(correlated):
     assert float(c.p_value) > 0.05
     table = nulls.null_table({"max/min": b, "joint/indep": c})
     assert list(table.index) == ["max/min", "joint/indep"] and (table["permutations"] == 50).all()
+    v, text, one = nulls.describe(c, "joint/indep", "coordinate 1 permuted")
+    assert v["word"] != "confirmed" and "joint/indep: observed median" in text and "coordinate 1 permuted" in text
+    assert list(one.index) == ["joint/indep"]

@@ -282,3 +282,10 @@ def test_within_document_statistics_remove_document_offsets():
     near = np.abs(moved.ap_within.values[ok] - base.ap_within.values[ok]).mean()
     assert near < 0.5 * np.abs(moved.ap_pooled.values[ok] - base.ap_pooled.values[ok]).mean()
     assert (moved.within_variance_share.values[:, 1:] < 1).all()
+    from qkplast.pooling import pooling_table
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table, line = pooling_table(shifted, ("ap_overall", "ap_drop"))
+    assert table.loc["ap_overall", "pooled over documents (estimator)"] == pytest.approx(float(moved.ap_overall_pooled.mean()))
+    assert table.loc["ap_overall", "difference"] < 0 and "raises" in line  # the offsets: pooling raises plasticity
