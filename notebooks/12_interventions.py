@@ -82,8 +82,8 @@ analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
 model, corpus, docs, heads, device, dtype = opt.model, opt.corpus, opt.docs, opt.heads, opt.device, opt.dtype
 loaded = qx.load(opt.model, device=opt.device, dtype=opt.dtype, rope_scaling=opt.rope_scaling, revision=opt.revision)
 documents = open_corpus(corpus)
-available = count_windows(documents, loaded.tokenizer, CaptureOptions(seq_len=copy_seq_len, bucket_size=copy_seq_len, docs=copy_windows,
-                                                                      short_docs="concat"), strict=False)
+windows_asked = CaptureOptions(seq_len=copy_seq_len, bucket_size=copy_seq_len, docs=copy_windows, short_docs="concat")
+available = count_windows(documents, loaded.tokenizer, windows_asked, strict=False)
 if available < copy_windows:  # a small corpus (a rehearsal): fewer windows, coarser intervals, said here
     print(f"the corpus yields {available} windows of {copy_seq_len} tokens, not {copy_windows}: the behaviour uses "
           f"{available}, and its intervals over so few windows are coarse")

@@ -14,6 +14,10 @@ from qkplast import batch
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 TINY = {"docs": 2, "seq_len": 256, "bucket_size": 32, "samples_per_bucket": 4, "heads": 12}
+#: Notebook parameters of the tiny batch: small grids for the two chapters beyond the thesis (nbval runs their
+#: defaults, the rehearsal runs them on random-weight models), so the batch tests the plumbing in about a minute.
+TINY_NOTEBOOKS = {"n_boot": 4, "n_perm": 20, "ks": [2], "n_random": 2, "distances": [32, 64], "copy_windows": 2,
+                  "copy_seq_len": 160, "rope_factors": [2.0], "window_factors": [1], "cond_docs": 2}
 
 
 def parameters_cell(path: Path) -> dict:
@@ -53,7 +57,7 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
 
     out = tmp_path / "run"
     tiny = CaptureOptions(**{**PRESETS["fast"].to_dict(), **TINY})
-    result = batch.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters={"n_boot": 4}, progress=False)
+    result = batch.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters=TINY_NOTEBOOKS, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest == json.loads(json.dumps(result.manifest, default=str))
     # one set of names: CaptureOptions fields == manifest keys == capture attrs, same values
@@ -82,7 +86,7 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
     profiles = batch.context_profiles([out, out])
     assert profiles.dims == ("run", "context_bin") and profiles.sizes["context_bin"] == 5
     # a rerun executes nothing again
-    again = batch.run(tiny, out, parameters={"n_boot": 4}, progress=False)
+    again = batch.run(tiny, out, parameters=TINY_NOTEBOOKS, progress=False)
     assert [e["seconds"] for e in again.manifest["notebooks"]] == [e["seconds"] for e in manifest["notebooks"]]
 
 
