@@ -70,7 +70,8 @@ def _child(args) -> dict:
         _apply_rope_scaling(model.config, parse_rope_scaling("yarn:4:32768"))
         model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
     with tempfile.TemporaryDirectory() as tmp:
-        text = long_corpus(Path(tmp) / "long.txt", n_chars=int(args.seq_len * 5.5)).read_text()
+        first = long_corpus(Path(tmp) / "long.jsonl", n_chars=int(args.seq_len * 5.5), docs=1).read_text()
+        text = json.loads(first.splitlines()[0])["text"]
     docs = [Document("long prose", text)]
     decoder = text_decoder(model)
     ids = torch.as_tensor(next(iter_windows(docs, tokenizer, args.seq_len, short_docs="skip")).input_ids)[None]
