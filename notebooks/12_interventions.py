@@ -45,6 +45,16 @@
 #   so $\alpha_K \to 0$. The key head is shared by its whole GQA group (eq. 4.1): the three query heads
 #   that read it all see the de-drifted keys.
 #
+# **Calibration.** A clamp built from the run's metrics uses each head's axis $a$ and $\alpha_K$ as the
+# *plain* model has them. When several layers are clamped, a head above another clamped head receives a
+# residual stream that the lower clamp changed, so its axis moves and part of its bias survives; and a key
+# head shared by several clamped query heads cannot remove every one's drift with the one-step solution.
+# Every clamp here is therefore **calibrated** (`qkplast.intervene.calibrate_clamp`): one forward pass over
+# the run's first `geometry_docs` capture windows measures, layer by layer, the rotation model of the
+# clamped heads *with the clamped layers below already clamped*, at the capture's own sampled positions,
+# and clamps that layer with what it measured before the pass goes on. The same calibrated clamp acts in
+# the behaviour grid and in the re-capture below.
+#
 # Capturing again *inside* the clamp closes the chain intervention $\to$ geometry $\to$ behaviour: it
 # shows what the clamp did to the measured bias and plasticity, beside what it did to copying.
 #
@@ -63,7 +73,7 @@ distances = [32, 96, 192, 384]  # tokens between the two copies of the segment
 copy_windows = 8  # corpus windows for the behaviour (the bootstrap unit)
 copy_seq_len = 448  # window length for the behaviour; 2048 is 5x slower per window on CPU
 seg_len = 24  # planted segment length (tokens)
-geometry_docs = 1  # capture windows re-captured inside each clamp (one forward of the run's window per clamp mode and window)
+geometry_docs = 1  # capture windows the clamps are calibrated on and re-captured at (one forward each per clamp)
 n_boot = 2000  # bootstrap replicates over windows
 
 # %%
@@ -98,8 +108,11 @@ print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}; behaviour on 
 # the last fifth of the context, section 4.4.5), of $k$ random heads (`n_random` draws, each its own set), of the $k$ highest; and both clamps on the $k$ heads with the largest $|\mathrm{bias\_strength}|$.
 
 # %%
+calibrated = qx.load_or_calibrate(run_dir, loaded.model, loaded.tokenizer, documents, capture, metrics, ks=ks,
+                                  docs=geometry_docs, seed=seed)  # one forward of the capture's window per clamp
 grid = qx.load_or_run_grid(run_dir, loaded.model, loaded.tokenizer, documents, metrics, ks=ks, n_random=n_random,
-                           distances=distances, windows=copy_windows, seq_len=copy_seq_len, seg_len=seg_len, seed=seed)
+                           distances=distances, windows=copy_windows, seq_len=copy_seq_len, seg_len=seg_len, seed=seed,
+                           calibrated=calibrated)
 pd.DataFrame({"kind": grid.kind.values, "k": grid.k.values, "draw": grid.draw.values,
               "heads (layer.q_head)": grid.heads.values}).set_index(["kind", "k", "draw"]).query("k > 0 and draw <= 0")
 
@@ -141,25 +154,32 @@ qx.random_null(grid).round(3)
 # %% [markdown]
 # ## The clamp: geometry re-captured
 #
-# The heads clamped at the largest $k$ are captured again inside each clamp, on the first
+# The heads clamped at the largest $k$ are captured again inside each (calibrated) clamp, on the first
 # `geometry_docs` windows of the capture with its own settings, and analysed like the run. The
 # plain baseline is the original capture restricted to the same windows (positions and heads are seeded,
-# so they coincide). `residual |bias| ratio` divides the clamped head's re-captured
-# $|\mathrm{bias\_strength}|$ by its value in the full run (the value the clamp was built from);
-# `ratio to plain, same docs` divides it by the plain value on the re-captured windows. On the windows the
-# axes were measured on, the clamp zeroes the bias of the heads in the lowest clamped layer exactly (the
-# tests check this); what remains here has two sources: the drift axis re-estimated on fewer windows is
-# not exactly the full run's, and a head above other clamped heads receives a residual stream they changed.
+# so they coincide). `bias under clamps below / full run` is what the calibration measured for each head
+# with the clamped layers below it clamped, relative to the plain model: how far the lower clamps moved
+# the head; `axis cosine` compares the two drift axes. `residual |bias| ratio` divides the clamped head's
+# re-captured $|\mathrm{bias\_strength}|$ by its value in the full run; the contract asks for less than
+# 5%. Calibrated at these windows and positions it is zero up to float32 rounding, for every clamped head
+# of every layer (the tests check this on a tiny model).
 
 # %%
 k_clamp = int(grid.k.values[grid.kind.values == "clamp query"].max())  # the largest k the model's heads allow
 clamped = [tuple(map(int, h.split("."))) for h in str(grid.heads.sel(condition=(grid.kind == "clamp query")
                                                                        & (grid.k == k_clamp)).values[0]).split()]
 geometry, profiles = qx.load_or_clamp_geometry(run_dir, loaded.model, loaded.tokenizer, documents, capture, metrics,
-                                               clamped, docs=geometry_docs, analysis={"seed": seed, **analysis})
-columns = ["residual |bias| ratio", "ratio to plain, same docs", "ap_last20 plain", "ap_last20 clamped",
+                                               clamped, docs=geometry_docs, analysis={"seed": seed, **analysis},
+                                               calibrated={m: calibrated[(m, k_clamp)] for m in ("query", "key")})
+geometry["bias under clamps below / full run"] = (geometry["bias_strength under the clamps below"]
+                                                  / geometry["bias_strength full run"])
+residual = float(geometry["residual |bias| ratio"].max())
+bound = next((b for b in (1e-4, 1e-3, 1e-2, 0.05) if residual < b), None)  # rounding noise is printed as a bound
+print(f"largest residual |bias| ratio over the {len(clamped)} clamped heads and both modes: "
+      + (f"below {bound:g}" if bound else f"{residual:.3f}") + " (contract: below 0.05)")
+columns = ["bias under clamps below / full run", "axis cosine to full run", "ap_last20 plain", "ap_last20 clamped",
            "ap_drop plain", "ap_drop clamped"]
-geometry.groupby("mode")[columns].agg(["mean", "max"]).round(4).T
+geometry.groupby("mode")[columns].agg(["min", "mean", "max"]).T.round(3)
 
 # %%
 fig = qx.plot_clamp_geometry(geometry, profiles)

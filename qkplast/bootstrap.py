@@ -59,7 +59,7 @@ def model_level(capture: xr.Dataset, options: AnalysisOptions) -> dict[str, floa
     agg = summarize_profile(ap, lay.pairs.tau, lay.width, lay.counts, int(capture.attrs["seq_len"]), options)
     dev = resolve_device(options.device)
     t = as_f64(capture["position"], dev)
-    rot = [rotation_kernel(as_f64(capture["q"][s: s + 64], dev), as_f64(capture["k"][s: s + 64], dev), t)
+    rot = [rotation_kernel(as_f64(capture["q"].values[s: s + 64], dev), as_f64(capture["k"].values[s: s + 64], dev), t)
            for s in range(0, capture.sizes["head"], 64)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -316,7 +316,7 @@ def document_sums(capture: xr.Dataset, options: AnalysisOptions | None = None, *
     per_head = 8 * len(fit.buckets) * opt.n_pairs * dim * 3
     sums, counts = [], []
     for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head, dev)):
-        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)  # [head, sample, dim]
+        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)  # [head, sample, dim]
         _, kr, model = rotate_and_fit(q, k, fit, opt)
         delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
         s_v, c_v = [], []

@@ -208,7 +208,7 @@ def counterfactual_ap(capture: xr.Dataset, options: AnalysisOptions | None = Non
     per_head = 8 * len(fit.buckets) * (opt.n_pairs * dim * 3 + (dim * dim * 2 if opt.covariance != "diagonal" else 0))
     out = []
     for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head, dev)):
-        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)  # [head, sample, dim]
+        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)  # [head, sample, dim]
         _, kr, model = rotate_and_fit(q, k, fit, opt)
         delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
         out.append(counterfactual_profiles(delta, model, counts, fit.pvalid))

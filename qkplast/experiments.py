@@ -20,13 +20,14 @@ import torch
 import xarray as xr
 
 from .behavior import copy_by_distance
-from .intervene import ablate_heads, clamp_bias, select_heads
+from .intervene import ablate_heads, calibrate_clamp, capture_windows, clamp_bias, select_heads
 from .options import CaptureOptions
 from .plasticity import PlasticityWarning
 
 __all__ = ["Condition", "conditions", "run_grid", "paired_bootstrap", "effect_table", "random_null",
            "readings", "clamp_geometry", "plot_copy_by_distance", "plot_effects", "plot_clamp_geometry", "contrast",
-           "baseline_table", "load", "load_or_run_grid", "load_or_clamp_geometry"]
+           "baseline_table", "load", "load_or_run_grid", "load_or_clamp_geometry", "calibrate_clamps",
+           "load_or_calibrate"]
 
 CLAMP_BY = "bias_strength"
 ABLATE_BY = "ap_last20"
@@ -38,9 +39,15 @@ class Condition:
     def __init__(self, kind: str, k: int = 0, draw: int = -1, heads: Sequence[tuple[int, int]] = ()):
         self.kind, self.k, self.draw, self.heads = kind, k, draw, list(heads)
 
-    def context(self, model, metrics):
-        if self.kind.startswith("clamp"):
-            return clamp_bias(model, metrics, self.heads, mode=self.kind.split()[1])
+    @property
+    def mode(self) -> str | None:
+        """The clamp mode ("query" or "key") of a clamp condition, else None."""
+        return self.kind.split()[1] if self.kind.startswith("clamp") else None
+
+    def context(self, model, metrics, calibrated: dict | None = None):
+        """The intervention as a context manager; a clamp uses ``calibrated[(mode, k)]`` when given."""
+        if self.mode:
+            return clamp_bias(model, (calibrated or {}).get((self.mode, self.k), metrics), self.heads, mode=self.mode)
         return ablate_heads(model, self.heads if self.kind != "none" else [])
 
 
@@ -60,11 +67,13 @@ def conditions(metrics: xr.Dataset, ks: Sequence[int], n_random: int, seed: int 
 
 def run_grid(model, tokenizer, corpus, metrics: xr.Dataset, *, ks: Sequence[int], n_random: int,
              distances: Sequence[int], windows: int, seq_len: int, seg_len: int = 24, seed: int = 0,
-             progress: bool = False) -> xr.Dataset:
+             progress: bool = False, calibrated: dict | None = None) -> xr.Dataset:
     """Copy ``acc``/``nll`` for every condition: dims ``condition, window, distance``.
 
     Coords on ``condition``: ``kind``, ``k``, ``draw`` (-1 unless random) and
-    ``heads`` (the heads, as text).
+    ``heads`` (the heads, as text). ``calibrated`` (from :func:`calibrate_clamps`)
+    maps ``(mode, k)`` to the calibrated clamp of that condition; without it the
+    clamps use ``metrics`` as they are.
     """
     from tqdm.auto import tqdm
 
@@ -74,7 +83,7 @@ def run_grid(model, tokenizer, corpus, metrics: xr.Dataset, *, ks: Sequence[int]
     corpus_windows = _windows(corpus, tokenizer, seq_len, windows)  # tokenised once for every condition
     parts = []
     for cond in tqdm(conds, desc="conditions", disable=not progress):
-        with cond.context(model, metrics):
+        with cond.context(model, metrics, calibrated):
             ds = copy_by_distance(model, tokenizer, corpus_windows, distances,
                                   windows=windows, seq_len=seq_len, seg_len=seg_len, seed=seed)
         parts.append(ds[["acc", "nll"]])
@@ -84,7 +93,63 @@ def run_grid(model, tokenizer, corpus, metrics: xr.Dataset, *, ks: Sequence[int]
         draw=("condition", [c.draw for c in conds]),
         heads=("condition", [" ".join(f"{la}.{h}" for la, h in c.heads) for c in conds]),
     ).assign_attrs(**parts[0].attrs, model=str(getattr(model.config, "_name_or_path", "")),
-                   ablate_by=ABLATE_BY, clamp_by=f"|{CLAMP_BY}|")
+                   ablate_by=ABLATE_BY, clamp_by=f"|{CLAMP_BY}|", clamp_calibrated=calibrated is not None)
+
+
+def _capture_settings(capture: xr.Dataset, docs: int) -> CaptureOptions:
+    """The settings ``capture`` recorded (first ``docs`` windows), so a re-capture differs only by the intervention."""
+    attrs = capture.attrs
+    return CaptureOptions(seq_len=int(attrs["seq_len"]), bucket_size=int(attrs["bucket_size"]),
+                          samples_per_bucket=float(attrs["samples_per_bucket"]),
+                          min_per_bucket=int(attrs["min_per_bucket"]), heads=attrs.get("heads"),
+                          seed=int(attrs["seed"]), docs=docs, short_docs=attrs["short_docs"])
+
+
+CALIBRATED = ("axis_a", "alpha_k", "mu_q_a", "bias_strength", "key_drift")
+
+
+def calibrate_clamps(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, *, ks: Sequence[int],
+                     docs: int = 1, seed: int = 0) -> dict:
+    """Every clamp condition of the grid calibrated (:func:`qkplast.intervene.calibrate_clamp`).
+
+    Each clamp (mode, k) is calibrated on the first ``docs`` windows of the
+    capture, at the capture's own sampled positions: one forward pass of
+    those windows per condition, in which every clamped layer is measured with
+    the clamped layers below it already clamped. Returns ``{(mode, k):
+    calibrated metrics}``.
+    """
+    ids, mask = capture_windows(tokenizer, corpus, _capture_settings(capture, docs))
+    out = {}
+    for cond in conditions(metrics, ks, 0, seed):
+        if cond.mode:
+            out[(cond.mode, cond.k)] = calibrate_clamp(model, metrics, cond.heads, ids, mode=cond.mode,
+                                                       positions=mask)
+    return out
+
+
+def load_or_calibrate(run_dir, model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, *,
+                      ks: Sequence[int], docs: int = 1, seed: int = 0) -> dict:
+    """:func:`calibrate_clamps`, cached in ``run_dir``: the calibrated variables of every (mode, k) in one file."""
+    key = {"metrics": _metrics_key(metrics), "calibration": {"ks": list(ks), "docs": docs, "seed": seed}}
+
+    def compute():
+        cal = calibrate_clamps(model, tokenizer, corpus, capture, metrics, ks=ks, docs=docs, seed=seed)
+        labels = list(cal)
+        return xr.Dataset(
+            {name: (("clamp", *metrics[name].dims) if name in metrics else ("clamp", "head", "dim"),
+                    np.stack([cal[c][name].values for c in labels])) for name in CALIBRATED},
+            coords={"clamp_mode": ("clamp", [m for m, _ in labels]), "clamp_k": ("clamp", [k for _, k in labels])},
+            attrs={"calibration": [cal[c].attrs["clamp_calibration"] for c in labels]})
+
+    ds = _cached(run_dir, "clamp-calibration", key, compute)
+    out = {}
+    for i, (mode, k) in enumerate(zip(ds.clamp_mode.values, ds.clamp_k.values)):
+        one = metrics.copy()
+        for name in CALIBRATED:
+            one[name] = (ds[name].dims[1:], ds[name].values[i])
+        one.attrs = dict(metrics.attrs, clamp_calibration=ds.attrs["calibration"][i])
+        out[(str(mode), int(k))] = one
+    return out
 
 
 def paired_bootstrap(values: np.ndarray, n_boot: int = 2000, seed: int = 0, *, draws: bool = False) -> np.ndarray:
@@ -231,40 +296,41 @@ def readings(grid: xr.Dataset, geometry: pd.DataFrame | None = None, n_boot: int
 
 
 def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, heads, *,
-                   modes=("query", "key"), docs: int = 2, analysis: dict | None = None) -> tuple[pd.DataFrame,
-                                                                                                 xr.Dataset]:
+                   modes=("query", "key"), docs: int = 2, analysis: dict | None = None,
+                   calibrated: dict | None = None) -> tuple[pd.DataFrame, xr.Dataset]:
     """Re-capture the clamped heads inside each clamp and compare their geometry with the plain capture.
 
     The first ``docs`` windows of the capture's corpus are captured again with
     the capture's own settings inside :func:`clamp_bias`; positions and heads
     are seeded by document id and seed, so the plain baseline is the original
     capture restricted to the same documents (no second plain forward), and
-    both are analysed the same way.
+    both are analysed the same way. ``calibrated`` maps a mode to its
+    calibrated clamp (:func:`calibrate_clamps`); without it the clamp is built
+    from ``metrics``.
 
     Returns
     -------
     table : pandas.DataFrame
-        One row per (mode, head): bias_strength, ap_last20, ap_drop plain and
-        clamped, and the ratio ``|bias clamped| / |bias original|`` against
-        the full-run metrics.
+        One row per (mode, head): bias_strength in the full run, on the
+        re-captured windows without clamp (plain), under the clamps of the
+        layers below (what the calibration measured; the plain value when
+        not calibrated) and clamped; ap_last20 and ap_drop plain and clamped;
+        the ratio ``|bias clamped| / |bias full run|`` and the cosine between
+        the calibrated and the full run's axis ``a``.
     profiles : xarray.Dataset
         ``ap`` (dims ``condition, head, query_bucket``) for "plain" and each mode.
     """
     from .analyze import analyze
     from .capture import capture as run_capture
 
-    attrs = capture.attrs
-    # the settings the capture recorded, re-used so the clamped capture differs only by the clamp
-    options = CaptureOptions(seq_len=int(attrs["seq_len"]), bucket_size=int(attrs["bucket_size"]),
-                             samples_per_bucket=float(attrs["samples_per_bucket"]),
-                             min_per_bucket=int(attrs["min_per_bucket"]), heads=attrs.get("heads"),
-                             seed=int(attrs["seed"]), docs=docs, short_docs=attrs["short_docs"])
+    options = _capture_settings(capture, docs)
     rows_of = lambda ds: [int(np.flatnonzero((ds.layer.values == la) & (ds.q_head.values == h))[0])  # noqa: E731
                           for la, h in heads]
     analysis = analysis or {}
+    clamps = {mode: (calibrated or {}).get(mode, metrics) for mode in modes}
     results = {}
     for mode in modes:
-        with clamp_bias(model, metrics, heads, mode=mode):
+        with clamp_bias(model, clamps[mode], heads, mode=mode):
             again = run_capture(model, tokenizer, corpus, options=options, progress=False)
         results[mode] = again
     doc_ids = np.unique(next(iter(results.values())).doc.values)
@@ -281,10 +347,14 @@ def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Da
     p = analysed["plain"]
     for mode in modes:
         m = analysed[mode]
+        upstream = clamps[mode].isel(head=rows_of(clamps[mode]))
+        cosine = np.abs((upstream.axis_a.values * full.axis_a.values).sum(-1))
         for i, (la, h) in enumerate(heads):
             rows.append({"mode": mode, "layer": la, "q_head": h,
                          "bias_strength full run": float(full.bias_strength[i]),
                          "bias_strength plain": float(p.bias_strength[i]),
+                         "bias_strength under the clamps below": float(upstream.bias_strength[i]),
+                         "axis cosine to full run": float(cosine[i]),
                          "bias_strength clamped": float(m.bias_strength[i]),
                          "residual |bias| ratio": abs(float(m.bias_strength[i])) / abs(float(full.bias_strength[i])),
                          "ratio to plain, same docs": abs(float(m.bias_strength[i])) / abs(float(p.bias_strength[i])),
@@ -428,19 +498,29 @@ def _metrics_key(metrics: xr.Dataset) -> dict:
             "n_docs": cap.get("n_docs"), "seed": cap.get("seed"), "options": metrics.attrs.get("options")}
 
 
-def load_or_run_grid(run_dir, model, tokenizer, corpus, metrics: xr.Dataset, **params) -> xr.Dataset:
-    """:func:`run_grid`, cached in ``run_dir`` under a hash of the metrics' provenance and ``params``."""
-    key = {"metrics": _metrics_key(metrics), "grid": params}
-    return _cached(run_dir, "interventions", key, lambda: run_grid(model, tokenizer, corpus, metrics, **params))
+def _calibration_key(calibrated: dict | None):
+    return None if calibrated is None else {f"{mode} {k}": c.attrs.get("clamp_calibration")
+                                            for (mode, k), c in sorted(calibrated.items(), key=str)}
 
 
-def load_or_clamp_geometry(run_dir, model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, heads,
-                           **params) -> tuple[pd.DataFrame, xr.Dataset]:
-    """:func:`clamp_geometry`, cached in ``run_dir`` like :func:`load_or_run_grid`."""
-    key = {"metrics": _metrics_key(metrics), "heads": [list(h) for h in heads], "geometry": params}
+def load_or_run_grid(run_dir, model, tokenizer, corpus, metrics: xr.Dataset, *, calibrated: dict | None = None,
+                     **params) -> xr.Dataset:
+    """:func:`run_grid`, cached in ``run_dir`` under a hash of the metrics' provenance, the calibration and ``params``."""
+    key = {"metrics": _metrics_key(metrics), "grid": params, "calibrated": _calibration_key(calibrated)}
+    return _cached(run_dir, "interventions", key,
+                   lambda: run_grid(model, tokenizer, corpus, metrics, calibrated=calibrated, **params))
+
+
+def load_or_clamp_geometry(run_dir, model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, heads, *,
+                           calibrated: dict | None = None, **params) -> tuple[pd.DataFrame, xr.Dataset]:
+    """:func:`clamp_geometry`, cached in ``run_dir`` like :func:`load_or_run_grid`; ``calibrated`` maps mode -> clamp."""
+    key = {"metrics": _metrics_key(metrics), "heads": [list(h) for h in heads], "geometry": params,
+           "calibrated": None if calibrated is None else {m: c.attrs.get("clamp_calibration")
+                                                          for m, c in sorted(calibrated.items())}}
 
     def compute():
-        table, profiles = clamp_geometry(model, tokenizer, corpus, capture, metrics, heads, **params)
+        table, profiles = clamp_geometry(model, tokenizer, corpus, capture, metrics, heads, calibrated=calibrated,
+                                         **params)
         ds = profiles.copy()
         for i, col in enumerate(table.columns):
             ds[f"table_{i}"] = ("row", table[col].to_numpy())

@@ -251,7 +251,7 @@ def listwise(capture: xr.Dataset, options: AnalysisOptions | None = None, **over
     # Python loop over buckets and sizes from running once per head (measured 26 s -> see README for the figure)
     ap, ap_mc, near_pos, near_act = [], [], [], []
     for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head / 16, dev)):
-        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)  # [head, sample, dim]
+        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)  # [head, sample, dim]
         qr, kr, model = rotate_and_fit(q, k, fit, opt)
         h = qr.shape[0]
         g = torch.full((h, n_bucket, len(sizes)), float("nan"), dtype=torch.float64, device=dev)

@@ -16,7 +16,7 @@ import torch
 import xarray as xr
 
 from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
-from .stats import covariance, covariance_with
+from .stats import covariance_with
 
 TAXONOMY = ("position-dominated", "q-positional", "content-focused", "mixed")
 
@@ -27,6 +27,24 @@ class PCAResult:
     r_q: torch.Tensor  # [head, pc]
     r_k: torch.Tensor  # [head, pc]
     components: torch.Tensor  # [head, pc, dim], sign-canonicalised
+
+
+def _moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean ``[head, dim]`` and covariance ``[head, dim, dim]`` (ddof=1) over the sample axis."""
+    mean = x.mean(1)
+    xc = x - mean[:, None]  # [head, sample, dim]
+    return mean, xc.transpose(1, 2) @ xc / (x.shape[1] - 1)
+
+
+def pooled_covariance(mean_q, cov_q, mean_k, cov_k, n: int) -> torch.Tensor:
+    """Covariance ``[head, dim, dim]`` of the pooled cloud of ``n`` queries and ``n`` keys from their own moments.
+
+    Sums of squares about the pooled mean ``(mu_Q + mu_K)/2``:
+    ``(n-1)(C_Q + C_K) + (n/2) d d^T`` with ``d = mu_Q - mu_K``, over ``2n - 1``.
+    One Gram matrix per cloud instead of a third one of the pooled cloud.
+    """
+    d = mean_q - mean_k  # [head, dim]
+    return ((n - 1) * (cov_q + cov_k) + 0.5 * n * d[:, :, None] * d[:, None, :]) / (2 * n - 1)
 
 
 def pca_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> PCAResult:
@@ -40,21 +58,22 @@ def pca_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> PCAResult:
     Notes
     -----
     Correlations use moments rather than projected samples:
-    ``Cov(x^T v, t) = Cov(x, t)^T v`` and ``Var(x^T v) = v^T Cov(x) v``.
+    ``Cov(x^T v, t) = Cov(x, t)^T v`` and ``Var(x^T v) = v^T Cov(x) v``; the
+    pooled covariance comes from the two clouds' own (:func:`pooled_covariance`).
     """
-    x = torch.cat([q, k], dim=1)  # [head, 2*sample, dim]
-    evals, evecs = torch.linalg.eigh(covariance(x))  # ascending; evecs [head, dim, pc]
-    evals, evecs = evals.flip(-1).clamp_min(0), evecs.flip(-1)
+    (mean_q, cov_q), (mean_k, cov_k) = _moments(q), _moments(k)
+    evals, evecs = torch.linalg.eigh(pooled_covariance(mean_q, cov_q, mean_k, cov_k, q.shape[1]))  # [head, dim, pc]
+    evals, evecs = evals.flip(-1).clamp_min(0), evecs.flip(-1)  # descending
     evr = evals / evals.sum(-1, keepdim=True)  # [head, pc]
+    var_t = t.var()
 
-    def corr(y):
+    def corr(y, cov_y):
         cov_t = torch.einsum("hd,hdp->hp", covariance_with(y, t), evecs)  # [head, pc]
-        var = torch.einsum("hdp,hde,hep->hp", evecs, covariance(y), evecs).clamp_min(0)
-        var_t = t.var()
+        var = ((cov_y @ evecs) * evecs).sum(1).clamp_min(0)  # [head, pc]: v^T C v per component
         den = torch.sqrt(var * var_t)
         return torch.where(den > 0, cov_t / den, torch.full_like(cov_t, float("nan")))
 
-    r_q, r_k = corr(q), corr(k)
+    r_q, r_k = corr(q, cov_q), corr(k, cov_k)
     dominant = torch.where(r_q.abs() >= r_k.abs(), r_q, r_k)
     sign = torch.where(dominant < 0, -1.0, 1.0).to(q.dtype)  # [head, pc]
     return PCAResult(evr, r_q * sign, r_k * sign, (evecs * sign[:, None, :]).transpose(-1, -2))
@@ -86,7 +105,7 @@ def pca(capture: xr.Dataset, *, taxonomy_low: float = 0.3, taxonomy_high: float 
     t = as_f64(capture["position"], dev)
     parts = []
     for sl in head_chunks(capture.sizes["head"], head_chunk or auto_chunk(_bytes_per_head(capture), dev)):
-        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)
+        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)
         parts.append(pca_kernel(q, k, t))
     cat = lambda name: to_numpy(torch.cat([getattr(p, name) for p in parts]))  # noqa: E731
     r_q, r_k = cat("r_q"), cat("r_k")

@@ -221,9 +221,10 @@ def query_model(qr: torch.Tensor, t: torch.Tensor, onehot: torch.Tensor, tau: to
 def closed_form_kernel(delta: torch.Tensor, model: QueryModel) -> torch.Tensor:
     """Pairwise plasticity ``[head, bucket, pair]`` from key differences ``delta`` ``[head, bucket, pair, dim]``.
 
-    The straightforward form of eqs. 4.11-4.14, kept as the reference the fast
-    :func:`pair_closed_form` is tested against; it materialises every pair's
-    difference vector.
+    The straightforward form of eqs. 4.11-4.14 on the pairs' difference
+    vectors: the reference :func:`pair_closed_form` is tested against, and the
+    path :func:`plasticity` takes, where the Monte Carlo estimate needs
+    ``delta`` anyway.
     """
     mu = torch.einsum("hbpd,hbd->hbp", delta, model.mean)  # eq. 4.11
     if model.full:
@@ -301,12 +302,12 @@ def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor
 
     ``qidx``/``qmask`` ``[bucket, n_max]`` list each bucket's query samples (padded).
     """
-    qb = qr[:, qidx]  # [head, bucket, n_max, dim]
+    # Padding rows are zeroed, so their score is exactly 0 and their sign adds nothing: with s = sum of signs
+    # over the bucket's n queries, p = (#wins + #ties / 2) / n = (s / n + 1) / 2, one reduction and no mask pass.
+    qb = qr[:, qidx] * qmask[None, :, :, None].to(qr.dtype)  # [head, bucket, n_max, dim]
     score = qb @ delta.transpose(-1, -2)  # [head, bucket, n_max, pair]: one batched matmul
-    win = (score > 0).to(qr.dtype) + 0.5 * (score == 0).to(qr.dtype)
-    m = qmask[None, :, :, None].to(qr.dtype)
     n = qmask.sum(1).to(qr.dtype)[None, :, None]  # [1, bucket, 1]
-    p = (win * m).sum(2) / n.clamp_min(1)
+    p = (torch.sign(score).sum(2) / n.clamp_min(1) + 1) / 2  # [head, bucket, pair]
     pp = 4 * p * (1 - p)
     if unbiased:
         pp = pp * n / (n - 1).clamp_min(1)
@@ -419,7 +420,7 @@ def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.nd
     out = []
     chunk = options.head_chunk or auto_chunk(_bytes_per_head(lay, capture.sizes["dim"], options, False), dev)
     for sl in head_chunks(capture.sizes["head"], chunk):
-        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)
+        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)
         pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, options)[3]
         out.append(weighted_pair_mean(pp, lay.pweight))
     return to_numpy(torch.cat(out)), lay
@@ -531,10 +532,15 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     n_bad_var = 0
     chunk = opt.head_chunk or auto_chunk(_bytes_per_head(lay, capture.sizes["dim"], opt, True), dev)
     for sl in head_chunks(capture.sizes["head"], chunk):
-        q, k = as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev)  # [head, sample, dim]
-        qr, kr, model, pp = closed_form(q, k, t, onehot, tau, pi, pj, opt)
+        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)  # [head, sample, dim]
+        _, qr, kr = rotate(q, k, t)
+        model = query_model(qr, t, onehot, tau, opt)
+        # The Monte Carlo signs need every pair's difference vector; once it exists, eqs. 4.11-4.14 on it are
+        # cheaper than the delta-free pair_closed_form (used where no Monte Carlo runs).
+        delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
+        pp = closed_form_kernel(delta, model)
         n_bad_var += int((torch.isnan(pp) & pvalid).sum())
-        pp_mc = pair_monte_carlo(qr, kr, pi, pj, qidx_t, qmask_t, opt.mc_unbiased)
+        pp_mc = monte_carlo_kernel(qr, delta, qidx_t, qmask_t, opt.mc_unbiased)
         ap.append(weighted_pair_mean(pp, lay.pweight))
         ap_mc.append(weighted_pair_mean(pp_mc, lay.pweight))
         ap_mc_se.append(weighted_pair_se(pp_mc, lay.pweight))

@@ -66,7 +66,7 @@ def within_document_ap(capture: xr.Dataset, options: AnalysisOptions | None = No
     pooled, within, share = [], [], []
     per_head = 8 * n_bucket * lay.pi.shape[1] * 3 * capture.sizes["dim"]
     for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head, dev)):
-        _, qr, kr = rotate(as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev), lay.t)
+        _, qr, kr = rotate(as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev), lay.t)
         m_pool = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
         m_in = query_model(within_document_queries(qr, cell, len(cells), bucket_of_cell, lay.onehot), lay.t,
                            lay.onehot, lay.tau, opt)

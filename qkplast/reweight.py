@@ -272,7 +272,7 @@ def reweighted_statistics(capture: xr.Dataset, weights: np.ndarray, options: Ana
     out = torch.empty(W.shape[0], n_head, len(STATISTICS), dtype=torch.float64, device=dev)
     for h0 in range(0, n_head, hc):
         sl = slice(h0, min(h0 + hc, n_head))
-        data = _Data(as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev), lay.t, doc, bucket, n_doc,
+        data = _Data(as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev), lay.t, doc, bucket, n_doc,
                      n_bucket, lay.qidx, lay.qmask, lay.pi, lay.pj)
         for r0 in range(0, W.shape[0], rc):
             Wc = W[r0: r0 + rc]

@@ -26,7 +26,6 @@ import torch
 import xarray as xr
 
 from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
-from .stats import covariance_with, pearson, slope
 
 SCALARS = (
     "alpha_q", "alpha_k", "mu_q_a", "bias_strength", "r_q_a", "r_k_a", "separation_strength",
@@ -43,26 +42,48 @@ def _unit(v: torch.Tensor) -> torch.Tensor:
 def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """Rotation metrics per head from ``q, k`` ``[head, sample, dim]`` and positions ``t`` ``[sample]``.
 
-    ``orthogonal_position_cov`` is measured from the data, not from algebra: the
-    cloud is projected onto the complement of a, and the norm of that
-    projection's covariance with position is the largest linear position
-    covariance any unit direction orthogonal to a can have.
+    Every metric is a moment of the two clouds: their centred position
+    covariances ``Cov(q, t)``, ``Cov(k, t)`` and their projections on the axes,
+    so the pooled cloud ``[head, 2 sample, dim]`` is never formed.
+    ``orthogonal_position_cov`` is the norm of the position covariance of the
+    cloud projected onto the complement of ``a`` (the largest linear position
+    covariance any unit direction orthogonal to ``a`` has), computed from the
+    data as ``sum x (t - t_bar) - a sum (a^T x)(t - t_bar)``: the clouds' cross
+    sums minus those of their projections on ``a``. It is zero by construction
+    (eq. 4.3) and comes out at rounding level.
     """
-    x = torch.cat([q, k], dim=1)  # [head, 2*sample, dim]
-    tt = torch.cat([t, t])  # [2*sample]
-    c = covariance_with(x, tt)  # [head, dim]
+    n = q.shape[1]
+    tc = t - t.mean()  # [sample]
+    stt = (tc * tc).sum()
+    qc, kc = q - q.mean(1, keepdim=True), k - k.mean(1, keepdim=True)  # [head, sample, dim]
+    sq, sk = torch.einsum("hsd,s->hd", qc, tc), torch.einsum("hsd,s->hd", kc, tc)  # [head, dim] sum (x - mean) t_c
+    # the pooled cloud has the same positions twice, so its centred cross sum is sq + sk (2n - 1 dof)
+    c = (sq + sk) / (2 * n - 1)  # [head, dim] Cov(x, t) of the pooled cloud
     a = _unit(c)  # eq. 4.3
-    diff = q.mean(1) - k.mean(1)  # [head, dim]
+    mu_q, mu_k = q.mean(1), k.mean(1)
+    diff = mu_q - mu_k  # [head, dim]
     b = _unit(diff - (diff * a).sum(-1, keepdim=True) * a)  # eq. 4.5
-    qa, ka = torch.einsum("hsd,hd->hs", q, a), torch.einsum("hsd,hd->hs", k, a)  # [head, sample]
-    alpha_q = slope(qa[..., None], t)[..., 0]
-    alpha_k = slope(ka[..., None], t)[..., 0]
-    mu_q_a = qa.mean(-1)
-    xa, xb = torch.einsum("hsd,hd->hs", x, a), torch.einsum("hsd,hd->hs", x, b)
-    total_var = x.var(1).sum(-1)  # [head]
-    x_perp = x - xa[..., None] * a[:, None, :]  # [head, 2*sample, dim]
-    key_slope = (q.mean(1) * slope(k, t)).sum(-1)  # mu_Q^T beta_K
+    qa, ka = torch.einsum("hsd,hd->hs", qc, a), torch.einsum("hsd,hd->hs", kc, a)  # [head, sample] centred
+    qb, kb = torch.einsum("hsd,hd->hs", qc, b), torch.einsum("hsd,hd->hs", kc, b)
+    alpha_q, alpha_k = (qa @ tc) / stt, (ka @ tc) / stt  # [head]
+    mu_q_a = (mu_q * a).sum(-1)
+    total_var = ((qc * qc).sum((1, 2)) + (kc * kc).sum((1, 2)) + 0.5 * n * (diff * diff).sum(-1)) / (2 * n - 1)
+
+    def pooled_var(pq, pk, dm):
+        """Variance of the pooled projections from the centred ones and the mean difference ``dm``."""
+        return ((pq * pq).sum(-1) + (pk * pk).sum(-1) + 0.5 * n * dm * dm) / (2 * n - 1)
+
+    var_a = pooled_var(qa, ka, (diff * a).sum(-1))
+    var_b = pooled_var(qb, kb, (diff * b).sum(-1))
+    # Cov(x - (a.x) a, t) from the data: the cross sums of the clouds minus a times those of their projections
+    c_perp = (sq + sk - a * (qa @ tc + ka @ tc)[:, None]) / (2 * n - 1)  # [head, dim]
+    key_slope = (mu_q * sk).sum(-1) / stt  # mu_Q^T beta_K
     bias = mu_q_a * alpha_k
+
+    def corr(p):
+        den = torch.sqrt((p * p).sum(-1) * stt)
+        return torch.where(den > 0, (p @ tc) / den, torch.full_like(den, float("nan")))
+
     return {
         "axis_a": a,
         "axis_b": b,
@@ -70,12 +91,12 @@ def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[s
         "alpha_k": alpha_k,
         "mu_q_a": mu_q_a,
         "bias_strength": bias,  # eq. 4.6
-        "r_q_a": pearson(qa[..., None], t)[..., 0],
-        "r_k_a": pearson(ka[..., None], t)[..., 0],
+        "r_q_a": corr(qa),
+        "r_k_a": corr(ka),
         "separation_strength": (diff * b).sum(-1),
-        "plane_variance_fraction": (xa.var(1) + xb.var(1)) / total_var,
-        "position_cov_a": covariance_with(xa[..., None], tt)[..., 0],
-        "orthogonal_position_cov": torch.linalg.vector_norm(covariance_with(x_perp, tt), dim=-1),
+        "plane_variance_fraction": (var_a + var_b) / total_var,
+        "position_cov_a": (c * a).sum(-1),
+        "orthogonal_position_cov": torch.linalg.vector_norm(c_perp, dim=-1),
         "key_position_slope": key_slope,
         "key_position_ratio": torch.where(bias != 0, key_slope / torch.where(bias != 0, bias, torch.ones_like(bias)),
                                           torch.full_like(bias, float("nan"))),
@@ -83,7 +104,7 @@ def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[s
 
 
 def _bytes_per_head(capture: xr.Dataset) -> int:
-    return 8 * 4 * capture.sizes["sample"] * capture.sizes["dim"]  # pooled cloud and its projection
+    return 8 * 4 * capture.sizes["sample"] * capture.sizes["dim"]  # both clouds and their centred copies
 
 
 def rotation(capture: xr.Dataset, *, device="auto", head_chunk: int = 0) -> xr.Dataset:
@@ -91,7 +112,7 @@ def rotation(capture: xr.Dataset, *, device="auto", head_chunk: int = 0) -> xr.D
     dev = resolve_device(device)
     t = as_f64(capture["position"], dev)
     parts = [
-        rotation_kernel(as_f64(capture["q"][sl], dev), as_f64(capture["k"][sl], dev), t)
+        rotation_kernel(as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev), t)
         for sl in head_chunks(capture.sizes["head"], head_chunk or auto_chunk(_bytes_per_head(capture), dev))
     ]
     out = {}

@@ -77,3 +77,31 @@ def test_grid_end_to_end_on_a_tiny_model():
     first = geometry.layer == geometry.layer.min()
     assert (geometry["residual |bias| ratio"][first] < 0.05).all(), geometry
     assert profiles.ap.dims[:2] == ("condition", "head") and list(profiles.condition.values) == ["plain", "query", "key"]
+
+
+def test_calibrated_grid_and_geometry_on_a_tiny_model(tmp_path):
+    """Calibrated clamps: cached per (mode, k), used by the grid, and every clamped head of every layer loses its
+    bias on re-capture (the plain clamp leaves some above the lowest clamped layer)."""
+    torch.manual_seed(1)
+    model, tok = tiny_model("llama"), tiny_tokenizer()
+    options = CaptureOptions(seq_len=64, bucket_size=8, samples_per_bucket=4, heads=None, docs=4, short_docs="concat")
+    cap = capture(model, tok, _docs(), options=options, progress=False)
+    metrics = analyze(cap, n_pairs=32)
+    cal = qx.load_or_calibrate(tmp_path, model, tok, _docs(), cap, metrics, ks=[4], docs=4)
+    assert set(cal) == {("query", 4), ("key", 4)}
+    again = qx.load_or_calibrate(tmp_path, model, tok, _docs(), cap, metrics, ks=[4], docs=4)  # from the cache
+    np.testing.assert_array_equal(again[("key", 4)].key_drift.values, cal[("key", 4)].key_drift.values)
+    heads = [tuple(map(int, h)) for h in cal[("query", 4)].attrs["clamp_calibration"]["heads"]]
+    assert len({la for la, _ in heads}) > 1  # several layers: the calibration has something to do
+    grid = qx.run_grid(model, tok, _docs(), metrics, ks=[4], n_random=1, distances=[8], windows=2, seq_len=64,
+                       seg_len=6, calibrated=cal)
+    plain = qx.run_grid(model, tok, _docs(), metrics, ks=[4], n_random=1, distances=[8], windows=2, seq_len=64,
+                        seg_len=6)
+    clamp = grid.kind == "clamp query"
+    assert grid.attrs["clamp_calibrated"] and not plain.attrs["clamp_calibrated"]
+    assert not np.array_equal(grid.nll.sel(condition=clamp).values, plain.nll.sel(condition=clamp).values)
+    geometry, _ = qx.clamp_geometry(model, tok, _docs(), cap, metrics, heads, docs=4, analysis={"n_pairs": 32},
+                                    calibrated={m: cal[(m, 4)] for m in ("query", "key")})
+    uncalibrated, _ = qx.clamp_geometry(model, tok, _docs(), cap, metrics, heads, docs=4, analysis={"n_pairs": 32})
+    assert (geometry["residual |bias| ratio"] < 1e-3).all(), geometry
+    assert uncalibrated["residual |bias| ratio"].max() > 100 * geometry["residual |bias| ratio"].max()

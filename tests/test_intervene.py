@@ -16,6 +16,8 @@ from qkplast.corpus import Document
 from qkplast.intervene import (
     InterventionError,
     ablate_heads,
+    calibrate_clamp,
+    capture_windows,
     clamp_bias,
     composed,
     head_mean_outputs,
@@ -283,3 +285,62 @@ def test_embedded_clamp_verified_by_recapture():
             again = _rotation_metrics(capture(model, tok, corpus, **kw))
         ratio = np.abs(again.bias_strength.values[rows]) / np.abs(met.bias_strength.values[rows])
         assert (ratio < 0.05).all(), (mode, ratio)
+
+
+# --------------------------------------------------------------------------- calibrated clamp
+
+CALIBRATION_HEADS = [(0, 1), (1, 0), (1, 1), (2, 2)]  # three layers; (1, 0) and (1, 1) share key head 0
+
+
+def _capture_options(seq_len=64, docs=4):
+    return CaptureOptions(seq_len=seq_len, bucket_size=8, samples_per_bucket=8, heads=None, docs=docs,
+                          short_docs="concat")
+
+
+def _residual(met, again, heads):
+    rows = [int(np.flatnonzero((met.layer.values == la) & (met.q_head.values == h))[0]) for la, h in heads]
+    return np.abs(again.bias_strength.values[rows]) / np.abs(met.bias_strength.values[rows])
+
+
+@pytest.mark.parametrize("mode", ["query", "key"])
+def test_calibrated_clamp_zeroes_the_bias_of_every_clamped_layer(llama, tokenizer, llama_metrics, mode):
+    """Clamps in several layers: the plain clamp leaves bias above the lowest clamped layer (its inputs moved);
+    calibrated on the capture's own windows and positions, the re-capture finds none on any clamped head."""
+    ids, mask = capture_windows(tokenizer, _docs(), _capture_options())
+    assert mask.sum(1).min() > 0 and ids.shape == (4, 64)
+    with clamp_bias(llama, llama_metrics, CALIBRATION_HEADS, mode=mode):
+        plain_clamp = _rotation_metrics(_capture(llama, tokenizer))
+    calibrated = calibrate_clamp(llama, llama_metrics, CALIBRATION_HEADS, ids, mode=mode, positions=mask)
+    assert calibrated.attrs["clamp_calibration"]["positions"] == int(mask.sum())
+    with clamp_bias(llama, calibrated, CALIBRATION_HEADS, mode=mode):
+        again = _rotation_metrics(_capture(llama, tokenizer))
+    residual, before = _residual(llama_metrics, again, CALIBRATION_HEADS), _residual(
+        llama_metrics, plain_clamp, CALIBRATION_HEADS)
+    assert (residual < 1e-3).all(), residual
+    assert before.max() > 100 * residual.max(), (before, residual)  # the plain clamp left measurable bias
+    # the lowest clamped layer sees the plain model's inputs: its calibrated axis is the plain one
+    row = int(np.flatnonzero((llama_metrics.layer.values == 0) & (llama_metrics.q_head.values == 1))[0])
+    np.testing.assert_allclose(calibrated.axis_a.values[row], llama_metrics.axis_a.values[row], atol=1e-5)
+
+
+def test_calibrated_key_drift_serves_every_head_of_the_group(llama, llama_metrics):
+    """Two clamped query heads on one key head: the drift zeroes both slopes on their re-fitted axes."""
+    from qkplast.intervene import _calibrated_drift
+
+    gen = torch.Generator().manual_seed(0)
+    sq, sk = torch.randn(2, 16, generator=gen, dtype=torch.float64), torch.randn(16, generator=gen, dtype=torch.float64)
+    stt = torch.tensor(40.0, dtype=torch.float64)
+    v = _calibrated_drift(sq, sk.expand(2, -1), stt)
+    u = sk - stt * v
+    axes = (sq + u) / torch.linalg.vector_norm(sq + u, dim=-1, keepdim=True)
+    assert float((axes @ u).abs().max()) < 1e-10 * float(torch.linalg.vector_norm(sk))
+    one = _calibrated_drift(sq[:1], sk[None], stt)  # one head: v = alpha_K a, the plain clamp's drift
+    a = (sq[0] + sk) / torch.linalg.vector_norm(sq[0] + sk)
+    torch.testing.assert_close(one, (a @ sk) / stt * a)
+
+
+def test_calibration_refuses_bad_windows(llama, llama_metrics):
+    with pytest.raises(InterventionError, match="input_ids must be"):
+        calibrate_clamp(llama, llama_metrics, [(1, 0)], np.zeros(10, dtype=int))
+    with pytest.raises(InterventionError, match="positions must be"):
+        calibrate_clamp(llama, llama_metrics, [(1, 0)], np.zeros((2, 16), dtype=int), positions=np.zeros((2, 8)))
