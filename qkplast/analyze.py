@@ -42,7 +42,8 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
         beyond the thesis: ``ap_set``/``ap_set_mc`` (head, query_bucket,
         set_size), ``nearest_mass_position``, ``nearest_mass``, and
         ``ap_drop_bias`` + ``ap_drop_content`` + ``ap_drop_interaction`` = ``ap_drop``
-        with ``ap_drop_keys`` and ``ap_counterfactual`` (see :mod:`qkplast.decompose`).
+        with ``ap_drop_keys`` and ``ap_counterfactual`` (see :mod:`qkplast.decompose`),
+        unless ``open_questions=False``.
         The head coords of the capture are kept; attrs hold the options, the
         capture's attrs and the qkplast version.
     """
@@ -55,9 +56,8 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
         plasticity(capture, opt),
     ]
     out = xr.merge(parts, compat="no_conflicts", combine_attrs="drop")
-    # --- beyond the thesis (issue 12): listwise plasticity and the AP_drop decomposition ---
-    out = out.merge(open_questions(capture, opt, out), compat="no_conflicts", combine_attrs="drop")
-    # --- end beyond the thesis ---
+    if opt.open_questions:  # beyond the thesis: listwise plasticity and the AP_drop decomposition
+        out = out.merge(open_questions(capture, opt, out), compat="no_conflicts", combine_attrs="drop")
     out = out.assign_coords({name: ("head", capture[name].values) for name in HEAD_COORDS})
     out.attrs = {"qkplast_version": __version__, "options": opt.to_dict(), "capture": dict(capture.attrs)}
     return out

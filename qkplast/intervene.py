@@ -545,14 +545,26 @@ def calibrate_clamp(model, metrics: xr.Dataset, heads, input_ids, mode: str = "q
         groups = sorted(drift)
         per_layer[layer] = (torch.as_tensor(q_heads), axes, torch.as_tensor(groups),
                             torch.stack([drift[g] for g in groups]))
+        if len(per_layer) == len(wanted):
+            raise _CalibrationDone  # every clamped layer is measured: the layers above cannot change that
         query, key = _apply_clamp(query, key, per_layer[layer], mode, float(value), t0)
         return query, key, v, mask
 
     delegate = "eager" if text_decoder(model).config._attn_implementation.endswith("eager") else "sdpa"
     decoder = text_decoder(model)
-    with attention_transform(model, transform, delegate=delegate), torch.inference_mode():
-        decoder(input_ids=ids.to(decoder.device), use_cache=False)
+    try:
+        with attention_transform(model, transform, delegate=delegate), torch.inference_mode():
+            decoder(input_ids=ids.to(decoder.device), use_cache=False)
+    except _CalibrationDone:
+        pass
+    if len(per_layer) != len(wanted):
+        raise InterventionError(f"layers {sorted(set(wanted) - set(per_layer))} did not run attention during the "
+                                "calibration forward; clamp heads of self-attention layers only")
     return _calibrated_metrics(metrics, index, measured, mode, ids.shape, int((w > 0).sum()))
+
+
+class _CalibrationDone(Exception):
+    """Raised inside the calibration forward once the highest clamped layer is measured, to stop the pass."""
 
 
 def capture_windows(tokenizer, corpus, options) -> tuple[np.ndarray, np.ndarray]:

@@ -141,6 +141,12 @@ class AnalysisOptions:
         Queries drawn from the fitted Gaussian model per bucket for ``ap_set``
         at m > 2, where no closed form exists (32, as many as a default
         bucket captures).
+    open_questions : bool
+        Compute the per-head metrics of the chapter "Beyond the thesis: open
+        questions" in :func:`qkplast.analyze` (listwise plasticity, the
+        ``AP_drop`` decomposition; default True). They cost several times the
+        thesis's own metrics (``benchmarks/bench_plasticity.py`` prints both);
+        False leaves them out.
     """
 
     taxonomy_low: float = 0.3
@@ -166,6 +172,7 @@ class AnalysisOptions:
     set_sizes: tuple = (2, 8, 64, 0)
     n_sets: int = 16
     n_model_queries: int = 32
+    open_questions: bool = True
 
     def __post_init__(self):
         _coerce_fields(self)

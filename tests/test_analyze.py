@@ -74,3 +74,16 @@ def test_rejects_nan_capture(result):
 def test_unknown_option(result):
     with pytest.raises(TypeError, match="unknown analysis option"):
         qkplast.analyze(result[0], bogus=1)
+
+
+def test_open_questions_can_be_left_out(result):
+    """open_questions=False drops only the chapter's own metrics; every thesis metric is the same."""
+    cap, m = result
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        thesis = qkplast.analyze(cap, n_pairs=64, open_questions=False)
+    assert "ap_set" in m and "ap_drop_bias" in m
+    assert "ap_set" not in thesis and "ap_drop_bias" not in thesis
+    for name in thesis.data_vars:
+        np.testing.assert_array_equal(thesis[name].values, m[name].values)
+    assert thesis.attrs["options"]["open_questions"] is False
