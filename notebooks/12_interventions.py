@@ -225,3 +225,7 @@ for row in verdicts.itertuples():
 #   shock of a zero.
 # * **The geometry intervals** are over the clamped heads, on `geometry_docs` re-captured windows;
 #   they say whether the change is consistent across heads, not how it would vary over documents.
+# * **The clamp is exact where it was calibrated.** The re-capture uses the calibration's own window and
+#   positions, where the residual bias is rounding. On other windows a head's drift axis differs somewhat
+#   (the `axis cosine` column compares the calibration window with the full run's windows), so there the
+#   clamp removes most, not all, of the bias; the behaviour windows are such other windows.

@@ -325,7 +325,7 @@ def test_calibrated_clamp_zeroes_the_bias_of_every_clamped_layer(llama, tokenize
 
 def test_calibrated_key_drift_serves_every_head_of_the_group(llama, llama_metrics):
     """Two clamped query heads on one key head: the drift zeroes both slopes on their re-fitted axes."""
-    from qkplast.intervene import _calibrated_drift
+    from qkplast.calibrate import _calibrated_drift
 
     gen = torch.Generator().manual_seed(0)
     sq, sk = torch.randn(2, 16, generator=gen, dtype=torch.float64), torch.randn(16, generator=gen, dtype=torch.float64)
@@ -344,3 +344,16 @@ def test_calibration_refuses_bad_windows(llama, llama_metrics):
         calibrate_clamp(llama, llama_metrics, [(1, 0)], np.zeros(10, dtype=int))
     with pytest.raises(InterventionError, match="positions must be"):
         calibrate_clamp(llama, llama_metrics, [(1, 0)], np.zeros((2, 16), dtype=int), positions=np.zeros((2, 8)))
+
+
+def test_a_calibrated_clamp_is_refused_for_other_heads_or_modes(llama, llama_metrics):
+    ids = np.arange(64)[None] % 300  # [batch, seq]
+    calibrated = calibrate_clamp(llama, llama_metrics, [(1, 0)], ids, mode="key")
+    with clamp_bias(llama, calibrated, [(1, 0)], mode="key"):
+        pass
+    with pytest.raises(InterventionError, match="calibrated for mode 'key'"):
+        with clamp_bias(llama, calibrated, [(1, 0)], mode="query"):
+            pass
+    with pytest.raises(InterventionError, match="calibrate those"):
+        with clamp_bias(llama, calibrated, [(1, 0), (2, 1)], mode="key"):
+            pass

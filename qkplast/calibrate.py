@@ -1,0 +1,216 @@
+"""Calibration of the bias clamp: each clamped layer measured under the clamps of the layers below it.
+
+:func:`qkplast.intervene.clamp_bias` built from a run's metrics uses each
+head's drift axis ``a`` and key slope ``alpha_K`` (section 4.3, eq. 4.6) as
+the *plain* model has them. A head above another clamped head receives a
+residual stream the lower clamp changed, so its axis moves and part of its
+bias survives; and a key head serving several clamped query heads (eq. 4.1)
+cannot zero every one's slope with the one-step drift. :func:`calibrate_clamp`
+runs one forward pass over calibration windows in which every clamped layer,
+in order, is measured on the queries and keys as they arrive and then clamped
+with what was measured. :func:`capture_windows` gives the windows and sampled
+positions a capture draws, so a re-capture there finds no bias left.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+import xarray as xr
+
+from ._torch import to_numpy
+from .hooks import attention_transform, text_decoder
+from .intervene import (CLAMP_MODES, HeadLayout, InterventionError, _apply_clamp, _by_layer, _clamp_tensors,
+                        _metrics_head_index)
+
+__all__ = ["calibrate_clamp", "capture_windows"]
+
+#: iterations of the key-drift solve for a key head shared by several clamped query heads
+_DRIFT_ITERATIONS = 50
+
+
+def _head_statistics(q, k, t, w):
+    """Centred position sums of one layer's clamped heads over the weighted positions.
+
+    ``q`` ``[m, batch, seq, dim]`` (the clamped query heads), ``k`` ``[m, batch, seq, dim]`` (each one's key
+    head), ``t`` ``[seq]``, ``w`` ``[batch, seq]`` 0/1 weights of the measured positions. Returns
+    ``sq``, ``sk`` ``[m, dim]`` (``sum w (x - mean) (t - t_bar)``), ``mean_q`` ``[m, dim]`` and ``stt``.
+    """
+    n = w.sum()
+    tc = (t[None, :] - (w * t[None, :]).sum() / n) * w  # [batch, seq], zero off the measured positions
+    stt = (tc * tc).sum()
+    mean_q = torch.einsum("mbsd,bs->md", q, w) / n
+    sq = torch.einsum("mbsd,bs->md", q, tc)  # sum over measured positions of q (t - t_bar): centring q is implied
+    sk = torch.einsum("mbsd,bs->md", k, tc)
+    return sq, sk, mean_q, stt
+
+
+def _calibrated_drift(sq: torch.Tensor, sk: torch.Tensor, stt: torch.Tensor) -> torch.Tensor:
+    """Drift ``v`` ``[dim]`` of one key head so that every clamped query head it serves has ``alpha_K = 0``
+    on the axis a re-capture will find.
+
+    After ``k(t) <- k(t) - (t - t_0) v`` the key sums become ``u = sk - stt v`` and head ``i``'s axis
+    ``a_i' = unit(sq_i + u)`` (eq. 4.3). One head: ``v = alpha_K a`` solves ``a_i' . u = 0`` at once. Several
+    heads sharing the key head: the minimum-norm linear step is repeated with the moved axes until every
+    ``a_i' . u`` is below ``1e-12`` of ``|sk|`` (or :data:`_DRIFT_ITERATIONS` steps).
+    """
+    u = sk[0].clone()
+    for _ in range(_DRIFT_ITERATIONS):
+        axes = _unit_rows(sq + u)  # [m, dim]
+        resid = axes @ u  # [m]
+        if float(resid.abs().max()) <= 1e-12 * float(torch.linalg.vector_norm(sk[0])):
+            break
+        u = u - torch.linalg.lstsq(axes, resid[:, None]).solution[:, 0]
+    return (sk[0] - u) / stt
+
+
+def _unit_rows(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+
+
+def calibrate_clamp(model, metrics: xr.Dataset, heads, input_ids, mode: str = "query", *, positions=None,
+                    value: float = 0.0) -> xr.Dataset:
+    """The clamp's axes and key drifts re-measured layer by layer, each under the clamps of the layers below.
+
+    :func:`clamp_bias` built from ``metrics`` uses each head's axis ``a`` and
+    ``alpha_K`` as the plain model has them. A head above other clamped heads
+    receives a residual stream they changed, so its axis moves and part of its
+    bias survives. Here one forward pass over ``input_ids`` measures, at each
+    clamped layer in turn, the rotation model (eq. 4.3, 4.6) of that layer's
+    clamped heads on the queries and keys as they arrive (the layers below
+    already clamped), then clamps that layer with what it measured before the
+    pass goes on. A re-capture at the same windows and positions then finds
+    ``bias_strength = 0`` up to float32 rounding on every clamped head: in
+    ``"query"`` mode exactly (the re-fitted axis is ``a`` again, with the
+    query coordinate 0); in ``"key"`` mode a key head serving several clamped
+    query heads gets the drift that zeroes all their slopes on their re-fitted
+    axes (:func:`_calibrated_drift`).
+
+    Parameters
+    ----------
+    model, metrics, heads, mode, value
+        As for :func:`clamp_bias`.
+    input_ids : array-like ``[batch, seq]``
+        The calibration windows (token ids), run as one batch.
+    positions : array-like of bool ``[batch, seq]``, optional
+        Where to measure (default: every position). A capture's sampled
+        positions make its re-capture at those windows exact.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``metrics`` with ``axis_a``, ``alpha_k``, ``mu_q_a`` and ``bias_strength``
+        of the clamped heads replaced by the calibrated values, and
+        ``key_drift`` (head, dim: the drift removed from each clamped head's key
+        head; NaN elsewhere), which :func:`clamp_bias` then uses as it is.
+        ``attrs["clamp_calibration"]`` records the mode, heads, windows and positions.
+    """
+    if mode not in CLAMP_MODES:
+        raise InterventionError(f"clamp mode must be one of {CLAMP_MODES}, got {mode!r}")
+    layout = HeadLayout(model)
+    heads = layout.check(heads)
+    index = _metrics_head_index(metrics, layout)
+    ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long)
+    if ids.ndim != 2 or ids.shape[1] < 2:
+        raise InterventionError(f"input_ids must be [batch, seq] token windows, got shape {tuple(ids.shape)}")
+    w = torch.ones(ids.shape, dtype=torch.float64) if positions is None else \
+        torch.as_tensor(np.asarray(positions), dtype=torch.float64)
+    if w.shape != ids.shape or int((w > 0).sum()) < 3:
+        raise InterventionError(f"positions must be a boolean [batch, seq] mask like input_ids {tuple(ids.shape)} "
+                                "marking at least 3 positions")
+    _clamp_tensors(metrics, heads, index, layout)  # the same checks as clamp_bias (heads present, axes finite)
+    seq_len = (metrics.attrs.get("capture") or {}).get("seq_len") if isinstance(metrics.attrs.get("capture"), dict) \
+        else None
+    t0 = (float(seq_len) - 1) / 2 if seq_len else 0.0
+    layer_of = {id(m): layer for layer, m in layout.modules.items()}
+    wanted = _by_layer(heads)
+    measured: dict[tuple[int, int], dict] = {}
+    per_layer: dict[int, tuple] = {}
+
+    def transform(module, query, key, v, mask, kwargs):
+        layer = layer_of.get(id(module))
+        if layer not in wanted:
+            return query, key, v, mask
+        q_heads = wanted[layer]
+        kv = np.asarray(q_heads) // layout.group
+        q = query[:, q_heads].transpose(0, 1).double()  # [m, batch, seq, dim]
+        k = key[:, kv.tolist()].transpose(0, 1).double()  # [m, batch, seq, dim]
+        t = torch.arange(query.shape[2], dtype=torch.float64, device=query.device)  # [seq]
+        sq, sk, mean_q, stt = _head_statistics(q, k, t, w.to(query.device))
+        axes = _unit_rows(sq + sk)  # [m, dim] eq. 4.3 (the pooled cloud's position covariance)
+        alpha = (axes * sk).sum(-1) / stt  # [m]
+        drift = {int(g): _calibrated_drift(sq[torch.as_tensor(kv == g)], sk[torch.as_tensor(kv == g)], stt)
+                 for g in np.unique(kv)}
+        for i, h in enumerate(q_heads):
+            measured[(layer, h)] = {"axis_a": to_numpy(axes[i]), "alpha_k": float(alpha[i]),
+                                    "mu_q_a": float(mean_q[i] @ axes[i]), "key_drift": to_numpy(drift[int(kv[i])])}
+        groups = sorted(drift)
+        per_layer[layer] = (torch.as_tensor(q_heads), axes, torch.as_tensor(groups),
+                            torch.stack([drift[g] for g in groups]))
+        if len(per_layer) == len(wanted):
+            raise _CalibrationDone  # every clamped layer is measured: the layers above cannot change that
+        query, key = _apply_clamp(query, key, per_layer[layer], mode, float(value), t0)
+        return query, key, v, mask
+
+    delegate = "eager" if text_decoder(model).config._attn_implementation.endswith("eager") else "sdpa"
+    decoder = text_decoder(model)
+    try:
+        with attention_transform(model, transform, delegate=delegate), torch.inference_mode():
+            decoder(input_ids=ids.to(decoder.device), use_cache=False)
+    except _CalibrationDone:
+        pass
+    if len(per_layer) != len(wanted):
+        raise InterventionError(f"layers {sorted(set(wanted) - set(per_layer))} did not run attention during the "
+                                "calibration forward; clamp heads of self-attention layers only")
+    return _calibrated_metrics(metrics, index, measured, mode, ids.shape, int((w > 0).sum()))
+
+
+class _CalibrationDone(Exception):
+    """Raised inside the calibration forward once the highest clamped layer is measured, to stop the pass."""
+
+
+def capture_windows(tokenizer, corpus, options) -> tuple[np.ndarray, np.ndarray]:
+    """The token windows ``[doc, seq]`` a capture with ``options`` runs, and its sampled positions as a mask.
+
+    ``options`` is a :class:`qkplast.CaptureOptions` with ``seq_len`` and
+    ``bucket_size`` set; the windows and positions are those
+    :func:`qkplast.capture.capture` draws (same cut, same seeded sampler), so
+    :func:`calibrate_clamp` on them measures exactly what a re-capture will.
+    """
+    from .corpus import iter_windows
+    from .sampling import sample_positions
+
+    if not options.seq_len or not options.bucket_size:
+        raise InterventionError("capture_windows needs options with seq_len and bucket_size set")
+    windows = list(itertools.islice(iter_windows(corpus, tokenizer, options.seq_len, short_docs=options.short_docs),
+                                    options.docs))
+    if not windows:
+        raise InterventionError(f"the corpus gives no window of {options.seq_len} tokens to calibrate on; "
+                                "choose a corpus with longer documents or a shorter seq_len")
+    ids = np.stack([w.input_ids for w in windows])  # [doc, seq]
+    mask = np.zeros(ids.shape, dtype=bool)
+    for row, w in enumerate(windows):
+        mask[row, sample_positions(options.seq_len, options.bucket_size, doc_id=w.doc_id, seed=options.seed,
+                                   samples_per_bucket=options.samples_per_bucket,
+                                   min_per_bucket=options.min_per_bucket)] = True
+    return ids, mask
+
+
+def _calibrated_metrics(metrics: xr.Dataset, index: dict, measured: dict, mode: str, shape, n_positions: int):
+    out = metrics.copy(deep=True)
+    d = out.sizes["dim"]
+    drift = np.full((out.sizes["head"], d), np.nan)
+    for head, values in measured.items():
+        row = index[head]
+        out["axis_a"][row] = values["axis_a"]
+        for name in ("alpha_k", "mu_q_a"):
+            out[name][row] = values[name]
+        out["bias_strength"][row] = values["mu_q_a"] * values["alpha_k"]
+        drift[row] = values["key_drift"]
+    out["key_drift"] = (("head", "dim"), drift)
+    out["key_drift"].attrs["meaning"] = "drift removed from the clamped head's key head by the calibrated key clamp"
+    out.attrs["clamp_calibration"] = {"mode": mode, "heads": [list(h) for h in sorted(measured)],
+                                      "windows": int(shape[0]), "seq_len": int(shape[1]), "positions": n_positions}
+    return out
