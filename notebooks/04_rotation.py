@@ -138,7 +138,8 @@ print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}")
 
 # %%
 relative = (metrics.orthogonal_position_cov / metrics.position_cov_a).values
-print(f"largest orthogonal covariance, relative to the covariance along a: {relative.max():.1e}")
+# the value itself is rounding noise that differs between machines; the page prints the bound it meets
+print(f"largest orthogonal covariance, relative to the covariance along a, below 1e-13: {relative.max() < 1e-13}")
 assert relative.max() < 1e-12
 assert (abs((metrics.axis_a * metrics.axis_b).sum("dim")) < 1e-12).all(), "a and b must be orthogonal"
 
