@@ -324,10 +324,21 @@ theory.check_population_rate(alpha=3.0, z0=1.5).assert_passed()
 # %%
 bounds = theory.aggregate_bound_for_heads(stats, metrics)
 t_win = bounds.T_over_window
-print(f"the bound starts at T = {t_win.median():,.0f} window lengths (median over {len(bounds)} heads), "
-      f"{t_win.min():,.0f} at the smallest and {t_win.max():,.0f} at the largest: inside the captured window the "
-      f"theorem says nothing quantitative")
+# T rests on each head's smallest |delta_1|, a near-cancellation that float rounding in the capture moves by
+# several percent: the median to two significant digits, the extremes as powers of ten
+two_digits = lambda x: f"{float(f'{x:.2g}'):,.0f}"  # noqa: E731
+print(f"the bound starts at T = {two_digits(t_win.median())} window lengths (median over {len(bounds)} heads); "
+      f"every head's T lies between 10^{int(np.floor(np.log10(t_win.min())))} and "
+      f"10^{int(np.ceil(np.log10(t_win.max())))} window lengths: inside the captured window the theorem says "
+      f"nothing quantitative")
 assert (bounds.pi0 == 0).all(), "real key coordinates never coincide exactly"
+
+# %% [markdown]
+# The constants of the first eight heads. Their smallest $|\delta_1|$, and with it $c$ and $T$, move by up
+# to several percent between machines whose float kernels round the capture differently (the nbval
+# regression skips this table's digits for that reason; the cell still runs).
+
+# %% tags=["nbval-ignore-output"]
 table = bounds[["layer", "q_head", "c", "T_over_window", "min_abs_delta1", "measured_AP_last_bucket"]].head(8)
 table.assign(c=table.c.map("{:.1e}".format), T_over_window=table.T_over_window.round(0),
              min_abs_delta1=table.min_abs_delta1.map("{:.1e}".format), measured_AP_last_bucket=table.measured_AP_last_bucket.round(3))

@@ -2,6 +2,7 @@
 from none."""
 
 import numpy as np
+from scipy import stats
 import pytest
 
 from qkplast.bootstrap import METRICS, bootstrap, model_level, resample_documents
@@ -91,6 +92,27 @@ def test_bca_interval_reduces_to_percentile_without_bias_or_skew():
     np.testing.assert_allclose([lo[0], hi[0]], np.quantile(reps, [0.025, 0.975]), atol=0.03)
     skewed = np.array([0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3.0])[:, None]  # one influential document
     assert bca_interval(reps, np.array([0.0]), skewed, 0.95)[3][0] < 0
+
+
+def test_bca_counts_replicates_equal_to_the_estimate_up_to_rounding_as_ties():
+    """A discrete bootstrap distribution (few documents) where 9 % of the replicates are the original sample:
+    whether rounding puts them just above or just below the estimate must not move z0 or the end points."""
+    from qkplast.bootstrap import bca_interval
+
+    rng = np.random.default_rng(1)
+    est = 0.5
+    others = rng.choice([0.40, 0.45, 0.47, 0.52, 0.55, 0.60], size=(910, 1))
+    jack = np.array([[0.48], [0.49], [0.51], [0.53]])
+    results = []
+    for nudge in (-1e-15, 0.0, 1e-15):  # the identity replicates a rounding error below, at, above the estimate
+        reps = np.concatenate([others, np.full((90, 1), est * (1 + nudge))])
+        results.append(bca_interval(reps, np.array([est]), jack, 0.95))
+    for lo, hi, z0, a in results[1:]:
+        np.testing.assert_array_equal(z0, results[0][2])
+        np.testing.assert_array_equal([lo, hi], [results[0][0], results[0][1]])
+    # ties count half: z0 from (#below + 45) / 1000, not from #below alone or #below + 90
+    below = int((others < est).sum())
+    assert results[0][2][0] == pytest.approx(stats.norm.ppf((below + 45) / 1000))
 
 
 def test_reweighting_refuses_what_it_cannot_express(cap):
