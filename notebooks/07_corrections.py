@@ -156,10 +156,9 @@ bounds = theory.aggregate_bound_for_heads(stats, metrics)
 print(f"|delta_1| over all valid (head, pair) terms: median {np.median(d1):.3f}, "
       f"share below 1% of the median {np.mean(d1 < 0.01 * np.median(d1)):.3%}, smallest below 1e-4 of the "
       f"median: {d1.min() < 1e-4 * np.median(d1)}")
-# the extremes rest on single near-cancelling pairs, which float rounding in the capture moves: orders of magnitude
-t_win = bounds.T_over_window
-print(f"bound start T in window lengths: median {float(f'{t_win.median():.2g}'):,.0f} (two significant digits), "
-      f"largest of order 10^{int(np.floor(np.log10(t_win.max())))}")
+start = theory.bound_start_summary(bounds)  # median to two significant digits, extremes as powers of ten
+print(f"bound start T in window lengths: median {start['median']:,.0f} (two significant digits), every head "
+      f"between 10^{start['lo_exp']} and 10^{start['hi_exp']}")
 
 # %% [markdown]
 # ## 5. The direction of the bias: nearer keys have *larger* positions

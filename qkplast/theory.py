@@ -372,6 +372,21 @@ def aggregate_bound_for_heads(stats, metrics=None, route: str = "sharp") -> pd.D
     return pd.DataFrame(rows)
 
 
+def bound_start_summary(bounds: pd.DataFrame) -> dict:
+    """Where the bound of :func:`aggregate_bound_for_heads` starts over heads, at the precision a capture supports.
+
+    Each head's ``T`` rests on its smallest ``|delta_1|``, a near-cancellation that float rounding in the
+    capture moves by several percent between machines (the largest ``T`` of the default run: 367,814 on one,
+    403,709 on another). So: ``median`` of ``T_over_window`` to two significant digits, and the powers of ten
+    that bracket every head, ``10**lo_exp <= T_over_window <= 10**hi_exp``.
+    """
+    t = bounds["T_over_window"].to_numpy(float)
+    if t.size == 0 or not np.isfinite(t).all() or (t <= 0).any():
+        raise ValueError("bound_start_summary needs finite, positive T_over_window for at least one head")
+    return {"median": float(f"{np.median(t):.2g}"), "lo_exp": int(np.floor(np.log10(t.min()))),
+            "hi_exp": int(np.ceil(np.log10(t.max())))}
+
+
 # --------------------------------------------------------------------------- diagnostics on captured heads
 
 

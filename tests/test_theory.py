@@ -116,3 +116,15 @@ def test_key_slope_sign_null_separates_planted_drift_from_a_shuffle():
     assert res["observed"] == pytest.approx(want)
     # the shuffle is a permutation: the same seed gives the same null
     np.testing.assert_array_equal(res["null"], theory.key_slope_sign_null(cap, n_perm=40, seed=0, chunk=16)["null"])
+
+
+def test_bound_start_summary_rounds_the_median_and_brackets_every_head():
+    import pandas as pd
+
+    bounds = pd.DataFrame({"T_over_window": [333.0, 3796.0, 3801.0, 5000.0, 367814.0]})
+    assert theory.bound_start_summary(bounds) == {"median": 3800.0, "lo_exp": 2, "hi_exp": 6}
+    # the largest T moving by 10 % between machines leaves the summary as it was
+    moved = bounds.assign(T_over_window=[333.0, 3796.0, 3801.0, 5000.0, 403709.0])
+    assert theory.bound_start_summary(moved) == theory.bound_start_summary(bounds)
+    with pytest.raises(ValueError, match="positive"):
+        theory.bound_start_summary(pd.DataFrame({"T_over_window": [0.0, 5.0]}))
