@@ -53,7 +53,11 @@
 # the run's first `geometry_docs` capture windows measures, layer by layer, the rotation model of the
 # clamped heads *with the clamped layers below already clamped*, at the capture's own sampled positions,
 # and clamps that layer with what it measured before the pass goes on. The same calibrated clamp acts in
-# the behaviour grid and in the re-capture below.
+# the behaviour grid and in the re-capture below. For the clamps whose geometry is shown (the largest $k$)
+# that pass goes on through every layer with the capture recording
+# (`qkplast.intervene.calibrate_and_capture`): since each layer is clamped before the pass reaches the next,
+# what it records is what a second capture inside the calibrated clamp records (the tests check the two are
+# the same vectors), and the chapter saves that second forward pass.
 #
 # Capturing again *inside* the clamp closes the chain intervention $\to$ geometry $\to$ behaviour: it
 # shows what the clamp did to the measured bias and plasticity, beside what it did to copying.
@@ -109,7 +113,7 @@ print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}; behaviour on 
 
 # %%
 calibrated = qx.load_or_calibrate(run_dir, loaded.model, loaded.tokenizer, documents, capture, metrics, ks=ks,
-                                  docs=geometry_docs, seed=seed)  # one forward of the capture's window per clamp
+                                  docs=geometry_docs, seed=seed, recapture=True)  # one forward per clamp
 grid = qx.load_or_run_grid(run_dir, loaded.model, loaded.tokenizer, documents, metrics, ks=ks, n_random=n_random,
                            distances=distances, windows=copy_windows, seq_len=copy_seq_len, seg_len=seg_len, seed=seed,
                            calibrated=calibrated)
@@ -155,7 +159,8 @@ qx.random_null(grid).round(3)
 # ## The clamp: geometry re-captured
 #
 # The heads clamped at the largest $k$ are captured again inside each (calibrated) clamp, on the first
-# `geometry_docs` windows of the capture with its own settings, and analysed like the run. The
+# `geometry_docs` windows of the capture with its own settings (with one window, in the calibrating pass
+# itself), and analysed like the run. The
 # plain baseline is the original capture restricted to the same windows (positions and heads are seeded,
 # so they coincide). `bias under clamps below / full run` is what the calibration measured for each head
 # with the clamped layers below it clamped, relative to the plain model: how far the lower clamps moved

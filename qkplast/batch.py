@@ -32,6 +32,7 @@ import shutil
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields, replace
 from importlib import metadata
 from pathlib import Path
@@ -509,7 +510,8 @@ def _source_digest(path: Path) -> str:
 
 def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = None, *,
         analysis: AnalysisOptions | None = None, parameters: dict | None = None, stage: str = "notebooks",
-        overwrite: bool = False, progress: bool = True, notebooks: list[Path] | None = None) -> RunResult:
+        overwrite: bool = False, progress: bool = True, notebooks: list[Path] | None = None,
+        jobs: int = 1) -> RunResult:
     """Capture, analyse and execute every notebook for one capture setting; write a manifest.
 
     Parameters
@@ -534,6 +536,13 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
         Progress per document (with ETA) during the captures, per cell in the notebooks.
     notebooks : list of Path, optional
         Notebooks to execute (default: every ``notebooks/NN_*.ipynb``).
+    jobs : int
+        Notebooks executed at once, each in its own kernel (default 1). On a
+        CPU machine 2 overlaps the single-threaded parts of one notebook
+        (kernel start, imports, tables, figures) with another's work; the book
+        build uses it. Keep 1 where a notebook loads a large model (chapter 12
+        loads the run's model for its interventions): two kernels would hold two
+        copies on the GPU.
 
     Raises
     ------
@@ -541,8 +550,6 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
         A failing notebook (naming it, the cell and the error; the manifest records
         the failure) or a run directory made with other settings.
     """
-    import papermill as pm
-
     if stage not in STAGES:
         raise RunError(f"stage must be one of {STAGES}, got {stage!r}")
     out = Path(out or _default_out(capture or CaptureOptions()))
@@ -587,39 +594,65 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
     nb_out = out / "notebooks"
     nb_out.mkdir(exist_ok=True)
     done = {e["name"]: e for e in manifest["notebooks"] if e.get("status") == "ok"}
-    manifest["notebooks"] = []
     paths = notebooks or notebook_paths()
+    entries: dict[str, dict] = {}
+    todo = []
     for i, path in enumerate(paths, 1):
         # each notebook gets the parameters it declares (papermill warns about the others)
         declared = _declared_parameters(path)
         nb_params = {**{k: v for k, v in parameters.items() if k in declared}, "run_dir": str(out.resolve())}
-        target = nb_out / path.name
-        digest = _source_digest(path)
         entry = done.get(path.name)
-        if entry and entry.get("source") == digest and entry.get("parameters") == nb_params and target.exists():
-            manifest["notebooks"].append(entry)
-            continue
-        if progress:
-            print(f"[qkplast run] notebook {i}/{len(paths)}: {path.name}", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        try:
-            pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(path.parent),
-                                progress_bar=progress, kernel_name="python3")
-        except pm.PapermillExecutionError as exc:
-            manifest["status"] = "failed"
-            manifest["notebooks"].append({"name": path.name, "status": "failed", "cell": exc.exec_count,
-                                          "error": f"{exc.ename}: {exc.evalue}"})
-            _write_manifest(out, manifest)
-            raise RunError(f"notebook {path.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
-                           f"(executed copy with the traceback: {target})") from exc
-        seconds = round(time.perf_counter() - t0, 2)
-        if progress:
-            print(f"[qkplast run] notebook {i}/{len(paths)}: {path.name} done in {seconds:.0f} s", file=sys.stderr, flush=True)
-        manifest["notebooks"].append({"name": path.name, "status": "ok", "seconds": seconds, "source": digest,
-                                      "parameters": nb_params})
-        manifest["timings_s"][path.stem] = seconds
+        if entry and entry.get("source") == _source_digest(path) and entry.get("parameters") == nb_params \
+                and (nb_out / path.name).exists():
+            entries[path.name] = entry
+        else:
+            todo.append((i, path, nb_params))
+
+    def record():
+        manifest["notebooks"] = [entries[p.name] for p in paths if p.name in entries]
         _write_manifest(out, manifest)
+
+    label = lambda i, path: f"[qkplast run] notebook {i}/{len(paths)}: {path.name}"  # noqa: E731
+    with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+        futures = {pool.submit(_execute_notebook, path, nb_out / path.name, nb_params, progress and jobs == 1,
+                               label(i, path) if progress else None): path for i, path, nb_params in todo}
+        failure = None
+        for future in as_completed(futures):
+            path = futures[future]
+            entry = future.result()
+            entries[path.name] = entry
+            if entry["status"] == "ok":
+                manifest["timings_s"][path.stem] = entry["seconds"]
+            elif failure is None:
+                failure = entry
+                manifest["status"] = "failed"
+                for other in futures:
+                    other.cancel()  # notebooks not yet started are not run
+            record()
+    if failure is not None:
+        raise RunError(f"notebook {failure['name']} failed in cell {failure['cell']}: {failure['error']} "
+                       f"(executed copy with the traceback: {nb_out / failure['name']})")
+    record()
     return _finish(out, manifest)
+
+
+def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: bool, label: str | None) -> dict:
+    """Execute one notebook with papermill; its manifest entry (status, seconds or the failing cell)."""
+    import papermill as pm
+
+    if label:
+        print(label, file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(path.parent),
+                            progress_bar=progress_bar, kernel_name="python3")
+    except pm.PapermillExecutionError as exc:
+        return {"name": path.name, "status": "failed", "cell": exc.exec_count, "error": f"{exc.ename}: {exc.evalue}"}
+    seconds = round(time.perf_counter() - t0, 2)
+    if label:
+        print(f"{label} done in {seconds:.0f} s", file=sys.stderr, flush=True)
+    return {"name": path.name, "status": "ok", "seconds": seconds, "source": _source_digest(path),
+            "parameters": nb_params}
 
 
 def _finish(out: Path, manifest: dict) -> RunResult:

@@ -15,6 +15,7 @@ positions a capture draws, so a re-capture there finds no bias left.
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from .hooks import attention_transform, text_decoder
 from .intervene import (CLAMP_MODES, HeadLayout, InterventionError, _apply_clamp, _by_layer, _clamp_tensors,
                         _metrics_head_index)
 
-__all__ = ["calibrate_clamp", "capture_windows"]
+__all__ = ["calibrate_clamp", "calibrate_and_capture", "calibrating", "capture_windows"]
 
 #: iterations of the key-drift solve for a key head shared by several clamped query heads
 _DRIFT_ITERATIONS = 50
@@ -107,64 +108,137 @@ def calibrate_clamp(model, metrics: xr.Dataset, heads, input_ids, mode: str = "q
         head; NaN elsewhere), which :func:`clamp_bias` then uses as it is.
         ``attrs["clamp_calibration"]`` records the mode, heads, windows and positions.
     """
+    ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long)
+    if ids.ndim != 2 or ids.shape[1] < 2:
+        raise InterventionError(f"input_ids must be [batch, seq] token windows, got shape {tuple(ids.shape)}")
+    positions = np.ones(ids.shape, dtype=bool) if positions is None else np.asarray(positions)
+    if positions.shape != tuple(ids.shape):
+        raise InterventionError(f"positions must be a boolean [batch, seq] mask like input_ids {tuple(ids.shape)}, "
+                                f"got shape {positions.shape}")
+    decoder = text_decoder(model)
+    with calibrating(model, metrics, heads, positions, mode, value=value, stop=True) as calibration:
+        try:
+            with torch.inference_mode():
+                decoder(input_ids=ids.to(decoder.device), use_cache=False)
+        except _CalibrationDone:
+            pass
+    return calibration.result()
+
+
+def calibrate_and_capture(model, tokenizer, corpus, metrics: xr.Dataset, heads, options, mode: str = "query", *,
+                          value: float = 0.0) -> tuple[xr.Dataset, xr.Dataset]:
+    """:func:`calibrate_clamp` on a capture's one window, and the capture under the calibrated clamp, in one pass.
+
+    The calibrating pass clamps each layer with what it measured before the
+    pass goes on, so the Q/K it hands the capture recorder further up are
+    those a later capture inside ``clamp_bias(model, calibrated, heads, mode)``
+    records at this window: the re-capture costs no second forward pass.
+
+    Parameters
+    ----------
+    options : CaptureOptions
+        The capture's settings, with ``docs=1`` (several windows are calibrated
+        as one batch, which a capture does not run: use :func:`calibrate_clamp`
+        and then a capture inside :func:`clamp_bias`).
+
+    Returns
+    -------
+    calibrated, capture : xarray.Dataset
+        As :func:`calibrate_clamp` returns, and the capture of ``options`` under the clamp.
+    """
+    from .capture import capture as run_capture
+
+    if options.docs != 1:
+        raise InterventionError(f"calibrate_and_capture runs one window (options.docs=1), got docs={options.docs}; "
+                                "for more, calibrate_clamp on all of them and then capture inside clamp_bias")
+    ids, mask = capture_windows(tokenizer, corpus, options)
+    with calibrating(model, metrics, heads, mask, mode, value=value) as calibration:
+        again = run_capture(model, tokenizer, corpus, options=options, progress=False)
+    return calibration.result(), again
+
+
+class _Calibration:
+    """What one calibrating pass measured, layer by layer; :meth:`result` turns it into calibrated metrics."""
+
+    def __init__(self, metrics, index, mode, shape, n_positions, wanted):
+        self.metrics, self.index, self.mode, self.shape, self.n_positions = metrics, index, mode, shape, n_positions
+        self.wanted = wanted
+        self.measured: dict[tuple[int, int], dict] = {}
+        self.per_layer: dict[int, tuple] = {}
+
+    def result(self) -> xr.Dataset:
+        if len(self.per_layer) != len(self.wanted):
+            raise InterventionError(f"layers {sorted(set(self.wanted) - set(self.per_layer))} did not run attention "
+                                    f"on a {self.shape[0]}x{self.shape[1]} window during the calibration forward; "
+                                    "clamp heads of self-attention layers only")
+        return _calibrated_metrics(self.metrics, self.index, self.measured, self.mode, self.shape, self.n_positions)
+
+
+@contextmanager
+def calibrating(model, metrics: xr.Dataset, heads, positions, mode: str = "query", *, value: float = 0.0,
+                stop: bool = False):
+    """While open, the forward pass over windows shaped like ``positions`` calibrates the clamp and runs clamped.
+
+    Each clamped layer is measured on the first attention call whose queries
+    have ``positions``' ``[batch, seq]`` shape (a shorter probe pass, as
+    :func:`qkplast.capture.capture` runs to learn the layout, goes through
+    unclamped), then clamped with what it measured, for that call and every
+    later one. With ``stop=True`` the pass is stopped (``_CalibrationDone``)
+    once the highest clamped layer is measured. Yields a :class:`_Calibration`
+    whose ``result()`` is what :func:`calibrate_clamp` returns.
+    """
     if mode not in CLAMP_MODES:
         raise InterventionError(f"clamp mode must be one of {CLAMP_MODES}, got {mode!r}")
     layout = HeadLayout(model)
     heads = layout.check(heads)
     index = _metrics_head_index(metrics, layout)
-    ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long)
-    if ids.ndim != 2 or ids.shape[1] < 2:
-        raise InterventionError(f"input_ids must be [batch, seq] token windows, got shape {tuple(ids.shape)}")
-    w = torch.ones(ids.shape, dtype=torch.float64) if positions is None else \
-        torch.as_tensor(np.asarray(positions), dtype=torch.float64)
-    if w.shape != ids.shape or int((w > 0).sum()) < 3:
-        raise InterventionError(f"positions must be a boolean [batch, seq] mask like input_ids {tuple(ids.shape)} "
-                                "marking at least 3 positions")
+    w = torch.as_tensor(np.asarray(positions), dtype=torch.float64)  # [batch, seq]
+    if w.ndim != 2 or int((w > 0).sum()) < 3:
+        raise InterventionError(f"positions must be a boolean [batch, seq] mask like input_ids, got shape "
+                                f"{tuple(w.shape)} with {int((w > 0).sum())} positions; mark at least 3")
     _clamp_tensors(metrics, heads, index, layout)  # the same checks as clamp_bias (heads present, axes finite)
     seq_len = (metrics.attrs.get("capture") or {}).get("seq_len") if isinstance(metrics.attrs.get("capture"), dict) \
         else None
     t0 = (float(seq_len) - 1) / 2 if seq_len else 0.0
     layer_of = {id(m): layer for layer, m in layout.modules.items()}
-    wanted = _by_layer(heads)
-    measured: dict[tuple[int, int], dict] = {}
-    per_layer: dict[int, tuple] = {}
+    state = _Calibration(metrics, index, mode, tuple(w.shape), int((w > 0).sum()), _by_layer(heads))
 
     def transform(module, query, key, v, mask, kwargs):
         layer = layer_of.get(id(module))
-        if layer not in wanted:
+        if layer not in state.wanted:
             return query, key, v, mask
-        q_heads = wanted[layer]
-        kv = np.asarray(q_heads) // layout.group
-        q = query[:, q_heads].transpose(0, 1).double()  # [m, batch, seq, dim]
-        k = key[:, kv.tolist()].transpose(0, 1).double()  # [m, batch, seq, dim]
-        t = torch.arange(query.shape[2], dtype=torch.float64, device=query.device)  # [seq]
-        sq, sk, mean_q, stt = _head_statistics(q, k, t, w.to(query.device))
-        axes = _unit_rows(sq + sk)  # [m, dim] eq. 4.3 (the pooled cloud's position covariance)
-        alpha = (axes * sk).sum(-1) / stt  # [m]
-        drift = {int(g): _calibrated_drift(sq[torch.as_tensor(kv == g)], sk[torch.as_tensor(kv == g)], stt)
-                 for g in np.unique(kv)}
-        for i, h in enumerate(q_heads):
-            measured[(layer, h)] = {"axis_a": to_numpy(axes[i]), "alpha_k": float(alpha[i]),
-                                    "mu_q_a": float(mean_q[i] @ axes[i]), "key_drift": to_numpy(drift[int(kv[i])])}
-        groups = sorted(drift)
-        per_layer[layer] = (torch.as_tensor(q_heads), axes, torch.as_tensor(groups),
-                            torch.stack([drift[g] for g in groups]))
-        if len(per_layer) == len(wanted):
+        if layer not in state.per_layer:
+            if tuple(query.shape[0:1] + query.shape[2:3]) != state.shape:
+                return query, key, v, mask  # not the calibration windows (a layout probe): nothing to measure
+            _measure(state, layout, layer, query, key, w.to(query.device))
+        if stop and len(state.per_layer) == len(state.wanted):
             raise _CalibrationDone  # every clamped layer is measured: the layers above cannot change that
-        query, key = _apply_clamp(query, key, per_layer[layer], mode, float(value), t0)
+        query, key = _apply_clamp(query, key, state.per_layer[layer], mode, float(value), t0)
         return query, key, v, mask
 
     delegate = "eager" if text_decoder(model).config._attn_implementation.endswith("eager") else "sdpa"
-    decoder = text_decoder(model)
-    try:
-        with attention_transform(model, transform, delegate=delegate), torch.inference_mode():
-            decoder(input_ids=ids.to(decoder.device), use_cache=False)
-    except _CalibrationDone:
-        pass
-    if len(per_layer) != len(wanted):
-        raise InterventionError(f"layers {sorted(set(wanted) - set(per_layer))} did not run attention during the "
-                                "calibration forward; clamp heads of self-attention layers only")
-    return _calibrated_metrics(metrics, index, measured, mode, ids.shape, int((w > 0).sum()))
+    with attention_transform(model, transform, delegate=delegate):
+        yield state
+
+
+def _measure(state: _Calibration, layout, layer: int, query, key, w):
+    """The rotation model (eq. 4.3, 4.6) of ``layer``'s clamped heads at the weighted positions, stored in ``state``."""
+    q_heads = state.wanted[layer]
+    kv = np.asarray(q_heads) // layout.group
+    q = query[:, q_heads].transpose(0, 1).double()  # [m, batch, seq, dim]
+    k = key[:, kv.tolist()].transpose(0, 1).double()  # [m, batch, seq, dim]
+    t = torch.arange(query.shape[2], dtype=torch.float64, device=query.device)  # [seq]
+    sq, sk, mean_q, stt = _head_statistics(q, k, t, w)
+    axes = _unit_rows(sq + sk)  # [m, dim] eq. 4.3 (the pooled cloud's position covariance)
+    alpha = (axes * sk).sum(-1) / stt  # [m]
+    drift = {int(g): _calibrated_drift(sq[torch.as_tensor(kv == g)], sk[torch.as_tensor(kv == g)], stt)
+             for g in np.unique(kv)}
+    for i, h in enumerate(q_heads):
+        state.measured[(layer, h)] = {"axis_a": to_numpy(axes[i]), "alpha_k": float(alpha[i]),
+                                      "mu_q_a": float(mean_q[i] @ axes[i]), "key_drift": to_numpy(drift[int(kv[i])])}
+    groups = sorted(drift)
+    state.per_layer[layer] = (torch.as_tensor(q_heads), axes, torch.as_tensor(groups),
+                              torch.stack([drift[g] for g in groups]))
 
 
 class _CalibrationDone(Exception):

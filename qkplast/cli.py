@@ -37,6 +37,16 @@ class _UsageError(QkplastError):
     prog = "qkplast"
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value}")
+    return value
+
+
 def _bool(text: str) -> bool:
     low = text.lower()
     if low in ("1", "true", "yes", "on"):
@@ -125,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("dry run: nothing captured")
         return 0
     result = run(capture, args.out, analysis=analysis, parameters=notebook, stage=args.stage,
-                 overwrite=args.overwrite, progress=not args.no_progress)
+                 overwrite=args.overwrite, progress=not args.no_progress, jobs=args.jobs)
     m = result.manifest
     print(f"{args.stage} stage done for {capture.model!r} in {sum(m['timings_s'].values()):.0f} s "
           f"({len(m['notebooks'])} notebooks); outputs in {result.run_dir}")
@@ -173,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_flags(p)
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory first")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--jobs", type=_positive_int, default=1,
+                   help="notebooks executed at once, each in its own kernel (default: %(default)s; the book build "
+                   "uses 2 on CPU; keep 1 where a notebook would load a large model onto a GPU twice)")
     add_capture_flags(p)
     add_option_flags(p, skip=("seed", "device"), suppress=True)
     p.set_defaults(func=cmd_run)

@@ -20,7 +20,8 @@ import torch
 import xarray as xr
 
 from .behavior import copy_by_distance
-from .intervene import ablate_heads, calibrate_clamp, capture_windows, clamp_bias, select_heads
+from .intervene import (InterventionError, ablate_heads, calibrate_and_capture, calibrate_clamp, capture_windows,
+                        clamp_bias, select_heads)
 from .options import CaptureOptions
 from .plasticity import PlasticityWarning
 
@@ -109,37 +110,75 @@ CALIBRATED = ("axis_a", "alpha_k", "mu_q_a", "bias_strength", "key_drift")
 
 
 def calibrate_clamps(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, *, ks: Sequence[int],
-                     docs: int = 1, seed: int = 0) -> dict:
+                     docs: int = 1, seed: int = 0, recapture: bool = False) -> tuple[dict, dict]:
     """Every clamp condition of the grid calibrated (:func:`qkplast.intervene.calibrate_clamp`).
 
     Each clamp (mode, k) is calibrated on the first ``docs`` windows of the
     capture, at the capture's own sampled positions: one forward pass of
     those windows per condition, in which every clamped layer is measured with
-    the clamped layers below it already clamped. Returns ``{(mode, k):
-    calibrated metrics}``.
+    the clamped layers below it already clamped. With ``recapture`` and one
+    window, the pass of each clamp at the largest ``k`` goes on through every
+    layer and records the capture's settings under the clamp it calibrates
+    (:func:`qkplast.calibrate.calibrate_and_capture`): the re-captured geometry
+    of :func:`clamp_geometry` without a second forward pass.
+
+    Returns
+    -------
+    calibrated : dict
+        ``{(mode, k): calibrated metrics}``.
+    recaptured : dict
+        ``{mode: capture}`` under the clamps of the largest ``k`` (empty unless ``recapture``).
     """
-    ids, mask = capture_windows(tokenizer, corpus, _capture_settings(capture, docs))
-    out = {}
-    for cond in conditions(metrics, ks, 0, seed):
-        if cond.mode:
-            out[(cond.mode, cond.k)] = calibrate_clamp(model, metrics, cond.heads, ids, mode=cond.mode,
-                                                       positions=mask)
-    return out
+    options = _capture_settings(capture, docs)
+    conds = [c for c in conditions(metrics, ks, 0, seed) if c.mode]
+    k_geometry = max((c.k for c in conds), default=None)
+    in_pass = recapture and docs == 1
+    ids, mask = capture_windows(tokenizer, corpus, options)
+    calibrated, recaptured = {}, {}
+    for cond in conds:
+        if in_pass and cond.k == k_geometry:
+            calibrated[(cond.mode, cond.k)], recaptured[cond.mode] = calibrate_and_capture(
+                model, tokenizer, corpus, metrics, cond.heads, options, mode=cond.mode)
+        else:
+            calibrated[(cond.mode, cond.k)] = calibrate_clamp(model, metrics, cond.heads, ids, mode=cond.mode,
+                                                              positions=mask)
+    return calibrated, recaptured
 
 
 def load_or_calibrate(run_dir, model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, *,
-                      ks: Sequence[int], docs: int = 1, seed: int = 0) -> dict:
-    """:func:`calibrate_clamps`, cached in ``run_dir``: the calibrated variables of every (mode, k) in one file."""
-    key = {"metrics": _metrics_key(metrics), "calibration": {"ks": list(ks), "docs": docs, "seed": seed}}
+                      ks: Sequence[int], docs: int = 1, seed: int = 0, recapture: bool = False) -> dict:
+    """:func:`calibrate_clamps`, cached in ``run_dir``: the calibrated variables of every (mode, k) in one file.
+
+    With ``recapture``, the captures taken in the calibrating passes are kept
+    beside it (``clamp-recapture-<hash>-<mode>.nc``) and each such clamp's
+    ``attrs["clamp_calibration"]["recaptured"]`` names its file, where
+    :func:`load_or_clamp_geometry` finds it.
+    """
+    from pathlib import Path
+
+    from .io import save_capture
+
+    key = {"metrics": _metrics_key(metrics), "calibration": {"ks": list(ks), "docs": docs, "seed": seed},
+           **({"recapture": True} if recapture else {})}
+    digest = _digest(key)
 
     def compute():
-        cal = calibrate_clamps(model, tokenizer, corpus, capture, metrics, ks=ks, docs=docs, seed=seed)
+        cal, again = calibrate_clamps(model, tokenizer, corpus, capture, metrics, ks=ks, docs=docs, seed=seed,
+                                      recapture=recapture)
+        files = {}
+        for mode, ds in again.items():
+            files[mode] = f"clamp-recapture-{digest}-{mode}.nc"
+            save_capture(ds, Path(run_dir) / files[mode], overwrite=True)
         labels = list(cal)
+        k_geometry = max(k for _, k in labels)
+        notes = [dict(cal[(mode, k)].attrs["clamp_calibration"],
+                      **({"recaptured": files[mode]} if mode in files and k == k_geometry else {}))
+                 for mode, k in labels]
         return xr.Dataset(
             {name: (("clamp", *metrics[name].dims) if name in metrics else ("clamp", "head", "dim"),
                     np.stack([cal[c][name].values for c in labels])) for name in CALIBRATED},
             coords={"clamp_mode": ("clamp", [m for m, _ in labels]), "clamp_k": ("clamp", [k for _, k in labels])},
-            attrs={"calibration": [cal[c].attrs["clamp_calibration"] for c in labels]})
+            attrs={"calibration": notes})
 
     ds = _cached(run_dir, "clamp-calibration", key, compute)
     out = {}
@@ -297,7 +336,7 @@ def readings(grid: xr.Dataset, geometry: pd.DataFrame | None = None, n_boot: int
 
 def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, heads, *,
                    modes=("query", "key"), docs: int = 2, analysis: dict | None = None,
-                   calibrated: dict | None = None) -> tuple[pd.DataFrame, xr.Dataset]:
+                   calibrated: dict | None = None, recaptured: dict | None = None) -> tuple[pd.DataFrame, xr.Dataset]:
     """Re-capture the clamped heads inside each clamp and compare their geometry with the plain capture.
 
     The first ``docs`` windows of the capture's corpus are captured again with
@@ -306,7 +345,9 @@ def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Da
     capture restricted to the same documents (no second plain forward), and
     both are analysed the same way. ``calibrated`` maps a mode to its
     calibrated clamp (:func:`calibrate_clamps`); without it the clamp is built
-    from ``metrics``.
+    from ``metrics``. ``recaptured`` maps a mode to a capture already taken
+    under its clamp with these settings (the calibrating pass's, see
+    :func:`calibrate_clamps`), used instead of capturing again.
 
     Returns
     -------
@@ -330,9 +371,11 @@ def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Da
     clamps = {mode: (calibrated or {}).get(mode, metrics) for mode in modes}
     results = {}
     for mode in modes:
+        if mode in (recaptured or {}):
+            results[mode] = _check_recaptured(recaptured[mode], options, mode)
+            continue
         with clamp_bias(model, clamps[mode], heads, mode=mode):
-            again = run_capture(model, tokenizer, corpus, options=options, progress=False)
-        results[mode] = again
+            results[mode] = run_capture(model, tokenizer, corpus, options=options, progress=False)
     doc_ids = np.unique(next(iter(results.values())).doc.values)
     plain = capture.isel(sample=np.isin(capture.doc.values, doc_ids))
     plain.attrs = dict(capture.attrs, n_docs=len(doc_ids))
@@ -363,6 +406,17 @@ def clamp_geometry(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Da
     profiles = xr.concat([analysed[c]["ap"] for c in ("plain", *modes)], dim="condition").assign_coords(
         condition=["plain", *modes])
     return pd.DataFrame(rows), profiles.to_dataset(name="ap")
+
+
+def _check_recaptured(again: xr.Dataset, options: CaptureOptions, mode: str) -> xr.Dataset:
+    """A capture handed to :func:`clamp_geometry` must have been taken with the settings it stands for."""
+    attrs = again.attrs
+    want = {"seq_len": options.seq_len, "bucket_size": options.bucket_size, "seed": options.seed, "n_docs": options.docs}
+    got = {name: attrs.get(name) for name in want}
+    if got != want:
+        raise InterventionError(f"the re-capture for the {mode} clamp was taken with {got}, not {want}; "
+                                "delete its clamp-recapture-*.nc file in the run directory to capture again")
+    return again
 
 
 # --------------------------------------------------------------------------- figures
@@ -474,16 +528,21 @@ def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=N
 # --------------------------------------------------------------------------- caching in the run directory
 
 
+def _digest(key: dict) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
 def _cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
     """``RUN/STEM-<hash of key>.nc`` if it exists, else ``compute()`` saved there (so a re-execution is cheap)."""
-    import hashlib
     import json
     from pathlib import Path
 
     from .io import open_dataset, save_dataset
 
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    path = Path(run_dir) / f"{stem}-{digest}.nc"
+    path = Path(run_dir) / f"{stem}-{_digest(key)}.nc"
     if path.exists():
         return open_dataset(path)
     ds = compute()
@@ -513,14 +572,28 @@ def load_or_run_grid(run_dir, model, tokenizer, corpus, metrics: xr.Dataset, *, 
 
 def load_or_clamp_geometry(run_dir, model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.Dataset, heads, *,
                            calibrated: dict | None = None, **params) -> tuple[pd.DataFrame, xr.Dataset]:
-    """:func:`clamp_geometry`, cached in ``run_dir`` like :func:`load_or_run_grid`; ``calibrated`` maps mode -> clamp."""
+    """:func:`clamp_geometry`, cached in ``run_dir`` like :func:`load_or_run_grid`; ``calibrated`` maps mode -> clamp.
+
+    A calibrated clamp whose calibrating pass captured (``load_or_calibrate(..., recapture=True)``) brings its
+    capture along; the others are captured again here.
+    """
+    from pathlib import Path
+
+    from .io import open_capture
+
     key = {"metrics": _metrics_key(metrics), "heads": [list(h) for h in heads], "geometry": params,
            "calibrated": None if calibrated is None else {m: c.attrs.get("clamp_calibration")
                                                           for m, c in sorted(calibrated.items())}}
 
+    recaptured = {}
+    for mode, clamp in (calibrated or {}).items():
+        name = clamp.attrs.get("clamp_calibration", {}).get("recaptured")
+        if name and (Path(run_dir) / name).exists():
+            recaptured[mode] = open_capture(Path(run_dir) / name)
+
     def compute():
         table, profiles = clamp_geometry(model, tokenizer, corpus, capture, metrics, heads, calibrated=calibrated,
-                                         **params)
+                                         recaptured=recaptured, **params)
         ds = profiles.copy()
         for i, col in enumerate(table.columns):
             ds[f"table_{i}"] = ("row", table[col].to_numpy())

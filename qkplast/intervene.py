@@ -59,6 +59,7 @@ __all__ = [
     "head_mean_outputs",
     "clamp_bias",
     "calibrate_clamp",
+    "calibrate_and_capture",
     "capture_windows",
     "select_heads",
     "composed",
@@ -470,4 +471,4 @@ def composed(*managers):
 
 
 # The calibration of a clamp (its own module, re-exported here beside the clamp it calibrates).
-from .calibrate import calibrate_clamp, capture_windows  # noqa: E402
+from .calibrate import calibrate_and_capture, calibrate_clamp, capture_windows  # noqa: E402

@@ -158,6 +158,19 @@ def pairwise_plasticity(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, pp, torch.full_like(pp, float("nan")))
 
 
+def bucket_members(onehot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample indices of each bucket, padded: ``[bucket, n_max]`` indices and a mask of the real ones.
+
+    ``onehot`` ``[bucket, sample]`` has one 1 per column; members keep their sample order.
+    """
+    counts = onehot.sum(1).long()  # [bucket]
+    order = torch.argsort(onehot.argmax(0), stable=True)  # [sample] grouped by bucket
+    slot = torch.arange(max(int(counts.max()), 1), device=onehot.device)  # [n_max]
+    present = slot[None] < counts[:, None]  # [bucket, n_max]
+    at = (torch.cumsum(counts, 0) - counts)[:, None] + slot[None]  # [bucket, n_max]
+    return torch.where(present, order[at.clamp_max(order.numel() - 1)], 0), present.to(onehot.dtype)
+
+
 @dataclass
 class QueryModel:
     """Per-head, per-bucket Gaussian model of rotated queries: mean ``[head, bucket, dim]`` and
@@ -188,7 +201,11 @@ def query_model(qr: torch.Tensor, t: torch.Tensor, onehot: torch.Tensor, tau: to
     resid = qr - mean_b[:, idx]  # [head, sample, dim]
     full = options.covariance in ("full", "joint")
     if full:
-        cov_b = torch.einsum("bs,hsd,hse->hbde", onehot, resid, resid) / denom[:, None, None]
+        # one Gram matrix per bucket of that bucket's samples only (padded rows zero): h*s*d*d work, where a
+        # product with the one-hot matrix costs h*b*s*d*d
+        members, present = bucket_members(onehot)  # [bucket, n_max]
+        r = resid[:, members] * present[None, :, :, None]  # [head, bucket, n_max, dim]
+        cov_b = r.transpose(-1, -2) @ r / denom[:, None, None]  # [head, bucket, dim, dim]
     else:
         cov_b = torch.zeros_like(mean_b).index_add_(1, idx, resid * resid) / denom[:, None]
     if options.semantic_stats == "global":
@@ -643,8 +660,10 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
     sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
     lay = _layout(sub, opt, dev, warn=False)
     q, k = as_f64(sub["q"], dev), as_f64(sub["k"], dev)
-    qr, kr, model, pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, opt)
+    _, qr, kr = rotate(q, k, lay.t)
+    model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
     delta = kr[:, lay.pi] - kr[:, lay.pj]  # [head, bucket, pair, dim]: every term is returned, so formed once
+    pp = closed_form_kernel(delta, model)
     variants = {}
     for name, cov, fit in (("v_diag", "diagonal", opt.positional_fit), ("v_full", "full", opt.positional_fit),
                            ("v_indep", "full", "per_bucket"), ("v_joint", "joint", "per_bucket")):

@@ -29,8 +29,14 @@ else
 fi
 step "1/4 install"
 source scripts/_debian.sh
-apt_install python_docs_present python3-doc
+# the corpus (apt) installs beside the Python environment (pip): one waits on the network while the other unpacks
+apt_install python_docs_present python3-doc &
+apt_job=$!
 if [ -z "${QKPLAST_VENV:-}" ]; then bash scripts/setup.sh; else echo "[book] using $venv (no install)"; fi
+if ! wait "$apt_job"; then
+  echo "[book] error: the default corpus (Debian python3-doc) is not installed; see the message above" >&2
+  exit 2
+fi
 # OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another
 # process (a notebook kernel beside pytest) is busy on this 2-core machine.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE PYDEVD_DISABLE_FILE_VALIDATION=1
@@ -42,7 +48,9 @@ if [ -n "$study" ]; then
   "$venv/bin/python" -c "import sys; from qkplast.crossrun import book_notebooks; book_notebooks(sys.argv[1], 'book/notebooks')" "$study"
 else
   step "2/4 captures (progress per document), analyses and notebooks of the default run (qkplast run)"
-  "$venv/bin/qkplast" run --out runs/smollm2-135m
+  # --jobs 2: two notebook kernels at once, so one's single-threaded parts (start, imports, tables, figures)
+  # overlap the other's work on the 2 cores
+  "$venv/bin/qkplast" run --out runs/smollm2-135m --jobs 2
   step "3/4 collecting the executed notebooks of the default run (papermill's injected cell folded into the parameters cell)"
   cp runs/smollm2-135m/notebooks/*.ipynb book/notebooks/
   "$venv/bin/python" -c "import sys; from qkplast.crossrun import fold_injected_parameters; [fold_injected_parameters(p) for p in sys.argv[1:]]" book/notebooks/*.ipynb

@@ -237,3 +237,39 @@ def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, m
     assert run.options == options and calls == []
     with pytest.raises(batch.RunError, match="seq_len: 1024 there, 2048 asked"):
         batch.load_run(tmp_path / "run", seq_len=2048, bucket_size=128)
+
+
+def _sleepy_notebook(folder, name, body):
+    nb = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}}
+    )
+    nb.cells = [nbformat.v4.new_code_cell("run_dir = ''", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(body)]
+    nbformat.write(nb, folder / name)
+    return folder / name
+
+
+def test_notebooks_run_at_once_with_jobs_and_the_manifest_keeps_their_order(tmp_path, monkeypatch):
+    """jobs=2: two kernels at once (their start/end times overlap), entries in notebook order; a failure among them
+    fails the run, records the failing cell and keeps the entries of those that finished."""
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    body = ("import time, json, pathlib\nt0 = time.time()\ntime.sleep(3)\n"
+            "pathlib.Path(run_dir, '{name}.json').write_text(json.dumps([t0, time.time()]))")
+    paths = [_sleepy_notebook(folder, f"0{i}_sleep.ipynb", body.format(name=i)) for i in (1, 2)]
+    _fake_stage(monkeypatch, tmp_path)
+    from qkplast import CaptureOptions
+
+    tiny = CaptureOptions(seq_len=512, bucket_size=64, docs=2)
+    result = batch.run(tiny, tmp_path / "run", notebooks=paths, progress=False, jobs=2)
+    spans = [json.loads((tmp_path / "run" / f"{i}.json").read_text()) for i in (1, 2)]
+    assert max(s[0] for s in spans) < min(s[1] for s in spans)  # both kernels were inside their sleep at once
+    assert [e["name"] for e in result.manifest["notebooks"]] == ["01_sleep.ipynb", "02_sleep.ipynb"]
+    assert all(e["status"] == "ok" for e in result.manifest["notebooks"])
+    bad = _sleepy_notebook(folder, "03_bad.ipynb", "raise ValueError('planted failure')")
+    with pytest.raises(batch.RunError, match=r"03_bad.ipynb failed in cell 3: ValueError: planted failure"):
+        batch.run(tiny, tmp_path / "run", notebooks=[*paths, bad], progress=False, jobs=2)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert [(e["name"], e["status"]) for e in manifest["notebooks"]] == [
+        ("01_sleep.ipynb", "ok"), ("02_sleep.ipynb", "ok"), ("03_bad.ipynb", "failed")]

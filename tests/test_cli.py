@@ -85,6 +85,8 @@ def test_truncated_capture_is_one_line(capture_file, tmp_path, capsys):
     (["run", "--bucket-size", "4096", "--seq-len", "2048"], ["bucket_size 4096 exceeds seq_len 2048"]),
     (["capture", "--out", "x.nc", "--short-docs", "merge"], ["invalid choice: 'merge'"]),
     (["plan", "--samples-per-bucket", "-1"], ["samples_per_bucket must be > 0"]),
+    (["run", "--jobs", "0"], ["--jobs", "at least 1, got 0"]),
+    (["run", "--jobs", "two"], ["--jobs", "at least 1, got 'two'"]),
 ])
 def test_bad_flags_and_parameters_are_one_line(capsys, argv, needles):
     _one_line_error(capsys, argv, *needles)

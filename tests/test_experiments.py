@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from test_capture import tiny_model, tiny_tokenizer
@@ -12,6 +13,7 @@ from qkplast.analyze import analyze
 from qkplast.capture import capture
 from qkplast.options import CaptureOptions
 from qkplast.corpus import Document
+from qkplast.errors import QkplastError
 
 
 def _docs():
@@ -105,3 +107,32 @@ def test_calibrated_grid_and_geometry_on_a_tiny_model(tmp_path):
     uncalibrated, _ = qx.clamp_geometry(model, tok, _docs(), cap, metrics, heads, docs=4, analysis={"n_pairs": 32})
     assert (geometry["residual |bias| ratio"] < 1e-3).all(), geometry
     assert uncalibrated["residual |bias| ratio"].max() > 100 * geometry["residual |bias| ratio"].max()
+
+
+def test_geometry_from_the_calibrating_pass_equals_a_separate_re_capture(tmp_path):
+    """``recapture=True``: the clamps of the largest k capture in their calibrating pass, the geometry reads those
+    captures, and its table equals the one from a second pass inside the calibrated clamps."""
+    torch.manual_seed(1)
+    model, tok = tiny_model("llama"), tiny_tokenizer()
+    options = CaptureOptions(seq_len=64, bucket_size=8, samples_per_bucket=4, heads=None, docs=4, short_docs="concat")
+    cap = capture(model, tok, _docs(), options=options, progress=False)
+    metrics = analyze(cap, n_pairs=32)
+    cal = qx.load_or_calibrate(tmp_path, model, tok, _docs(), cap, metrics, ks=[2, 4], docs=1, recapture=True)
+    files = sorted(p.name for p in tmp_path.glob("clamp-recapture-*.nc"))
+    assert len(files) == 2 and [c.attrs["clamp_calibration"].get("recaptured") is not None
+                                for c in (cal[("query", 2)], cal[("query", 4)])] == [False, True]
+    heads = [tuple(map(int, h)) for h in cal[("query", 4)].attrs["clamp_calibration"]["heads"]]
+    chosen = {m: cal[(m, 4)] for m in ("query", "key")}
+    table, profiles = qx.load_or_clamp_geometry(tmp_path, model, tok, _docs(), cap, metrics, heads, docs=1,
+                                                analysis={"n_pairs": 32}, calibrated=chosen)
+    separate, separate_profiles = qx.clamp_geometry(model, tok, _docs(), cap, metrics, heads, docs=1,
+                                                    analysis={"n_pairs": 32}, calibrated=chosen)
+    pd.testing.assert_frame_equal(table, separate, check_exact=False, rtol=1e-9)
+    np.testing.assert_allclose(profiles.ap.values, separate_profiles.ap.values, rtol=1e-9)
+    assert (table["residual |bias| ratio"] < 1e-3).all()
+    (tmp_path / files[0]).unlink()  # a stray re-capture of other settings is refused, not used
+    wrong = capture(model, tok, _docs(), options=CaptureOptions(seq_len=32, bucket_size=8, samples_per_bucket=4,
+                                                                heads=None, docs=1, short_docs="concat"), progress=False)
+    with pytest.raises(QkplastError, match="delete its clamp-recapture"):
+        qx.clamp_geometry(model, tok, _docs(), cap, metrics, heads, docs=1, analysis={"n_pairs": 32},
+                          calibrated=chosen, recaptured={"query": wrong})

@@ -323,6 +323,33 @@ def test_calibrated_clamp_zeroes_the_bias_of_every_clamped_layer(llama, tokenize
     np.testing.assert_allclose(calibrated.axis_a.values[row], llama_metrics.axis_a.values[row], atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["query", "key"])
+def test_calibration_and_capture_in_one_pass_equal_a_re_capture_inside_the_calibrated_clamp(
+        llama, tokenizer, llama_metrics, mode):
+    """The capture taken in the calibrating pass is the one a second pass inside the calibrated clamp takes:
+    same calibration (every variable) and the same Q/K, so the chapter's re-capture needs no second forward."""
+    from qkplast.calibrate import calibrate_and_capture
+
+    options = _capture_options(docs=1)
+    ids, mask = capture_windows(tokenizer, _docs(), options)
+    separate = calibrate_clamp(llama, llama_metrics, CALIBRATION_HEADS, ids, mode=mode, positions=mask)
+    with clamp_bias(llama, separate, CALIBRATION_HEADS, mode=mode):
+        again = capture(llama, tokenizer, _docs(), options=options, progress=False)
+    calibrated, in_pass = calibrate_and_capture(llama, tokenizer, _docs(), llama_metrics, CALIBRATION_HEADS, options,
+                                                mode=mode)
+    for name in ("axis_a", "alpha_k", "mu_q_a", "bias_strength", "key_drift"):
+        # the same measurement; the key drift's least-squares steps may round differently in the last bit
+        np.testing.assert_allclose(calibrated[name].values, separate[name].values, rtol=1e-12, atol=0, err_msg=name)
+    assert calibrated.attrs["clamp_calibration"] == separate.attrs["clamp_calibration"]
+    np.testing.assert_array_equal(in_pass.q.values, again.q.values)
+    np.testing.assert_array_equal(in_pass.k.values, again.k.values)
+    plain = capture(llama, tokenizer, _docs(), options=options, progress=False)
+    assert not np.array_equal(in_pass.q.values, plain.q.values) or not np.array_equal(in_pass.k.values, plain.k.values)
+    assert (_residual(llama_metrics, _rotation_metrics(in_pass), CALIBRATION_HEADS) < 1e-3).all()
+    with pytest.raises(InterventionError, match="docs=1"):
+        calibrate_and_capture(llama, tokenizer, _docs(), llama_metrics, CALIBRATION_HEADS, _capture_options(docs=2))
+
+
 def test_calibrated_key_drift_serves_every_head_of_the_group(llama, llama_metrics):
     """Two clamped query heads on one key head: the drift zeroes both slopes on their re-fitted axes."""
     from qkplast.calibrate import _calibrated_drift

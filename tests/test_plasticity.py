@@ -289,3 +289,28 @@ def test_within_document_statistics_remove_document_offsets():
         table, line = pooling_table(shifted, ("ap_overall", "ap_drop"))
     assert table.loc["ap_overall", "pooled over documents (estimator)"] == pytest.approx(float(moved.ap_overall_pooled.mean()))
     assert table.loc["ap_overall", "difference"] < 0 and "raises" in line  # the offsets: pooling raises plasticity
+
+
+
+def test_full_covariance_per_bucket_equals_numpy_on_uneven_buckets():
+    """The per-bucket Gram matrices (padded gather) equal numpy's covariance of each bucket's own samples,
+    with buckets of different sizes and samples out of bucket order."""
+    from qkplast.plasticity import QueryModel, bucket_members, query_model
+
+    gen = np.random.default_rng(3)
+    bucket = gen.permutation(np.repeat([0, 1, 2], [5, 9, 3]))  # [sample]
+    onehot = torch.as_tensor(bucket[None] == np.arange(3)[:, None], dtype=torch.float64)  # [bucket, sample]
+    members, present = bucket_members(onehot)
+    assert members.shape == (3, 9) and present.sum(1).tolist() == [5.0, 9.0, 3.0]
+    for b in range(3):
+        assert sorted(members[b][present[b] > 0].tolist()) == np.flatnonzero(bucket == b).tolist()
+    qr = torch.as_tensor(gen.normal(size=(2, bucket.size, 4)))  # [head, sample, dim]
+    t = torch.arange(bucket.size, dtype=torch.float64)
+    opt = AnalysisOptions(covariance="full", positional_fit="per_bucket")
+    model = query_model(qr, t, onehot, torch.zeros(3, dtype=torch.float64), opt)
+    assert isinstance(model, QueryModel) and model.full
+    for h in range(2):
+        for b in range(3):
+            want = np.cov(qr[h, bucket == b].numpy(), rowvar=False)
+            want[0, 1:] = want[1:, 0] = 0.0  # coordinate 1 kept independent of the semantic ones (per-bucket fit)
+            np.testing.assert_allclose(model.cov[h, b].numpy(), want, rtol=1e-12, atol=1e-14)
