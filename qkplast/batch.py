@@ -552,7 +552,9 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
     """
     if stage not in STAGES:
         raise RunError(f"stage must be one of {STAGES}, got {stage!r}")
-    out = Path(out or _default_out(capture or CaptureOptions()))
+    # absolute: papermill changes the process's working directory while it runs a notebook, and with jobs > 1
+    # this thread writes the manifest meanwhile
+    out = Path(out or _default_out(capture or CaptureOptions())).resolve()
     if out.exists() and overwrite:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -583,9 +585,17 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
     if stage == "capture":
         return _finish(out, manifest)
 
+    from .bootstrap import DEFAULT_REPLICATES
+
     t0 = time.perf_counter()
     for run_dir, _ in targets:
-        load_or_analyze(run_dir, open_capture(run_dir / "capture.nc"), **analysis.to_dict())
+        captured = open_capture(run_dir / "capture.nc")
+        load_or_analyze(run_dir, captured, **analysis.to_dict())
+        if stage == "notebooks" and len(set(captured.doc.values.tolist())) >= 2:
+            # the notebooks' document bootstrap (07 and 08 on the run, 09 on the code), made once here: two
+            # notebooks running at once (jobs > 1) would each compute it
+            load_or_bootstrap(run_dir, captured, n_boot=int(parameters.get("n_boot", DEFAULT_REPLICATES)),
+                              seed=analysis.seed, **{k: v for k, v in analysis.to_dict().items() if k != "seed"})
     manifest["timings_s"]["analyze"] = round(time.perf_counter() - t0, 2)
     _write_manifest(out, manifest)
     if stage == "analyze":
@@ -594,7 +604,7 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
     nb_out = out / "notebooks"
     nb_out.mkdir(exist_ok=True)
     done = {e["name"]: e for e in manifest["notebooks"] if e.get("status") == "ok"}
-    paths = notebooks or notebook_paths()
+    paths = [Path(p).resolve() for p in (notebooks or notebook_paths())]
     entries: dict[str, dict] = {}
     todo = []
     for i, path in enumerate(paths, 1):

@@ -261,11 +261,15 @@ def test_notebooks_run_at_once_with_jobs_and_the_manifest_keeps_their_order(tmp_
     from qkplast import CaptureOptions
 
     tiny = CaptureOptions(seq_len=512, bucket_size=64, docs=2)
-    result = batch.run(tiny, tmp_path / "run", notebooks=paths, progress=False, jobs=2)
+    # a relative run directory: papermill moves the working directory while a notebook runs, and the manifest
+    # is written meanwhile
+    monkeypatch.chdir(tmp_path)
+    result = batch.run(tiny, "run", notebooks=[p.relative_to(tmp_path) for p in paths], progress=False, jobs=2)
     spans = [json.loads((tmp_path / "run" / f"{i}.json").read_text()) for i in (1, 2)]
     assert max(s[0] for s in spans) < min(s[1] for s in spans)  # both kernels were inside their sleep at once
     assert [e["name"] for e in result.manifest["notebooks"]] == ["01_sleep.ipynb", "02_sleep.ipynb"]
     assert all(e["status"] == "ok" for e in result.manifest["notebooks"])
+    assert list((tmp_path / "run").glob("bootstrap*.nc"))  # made once before the notebooks, not by each of them
     bad = _sleepy_notebook(folder, "03_bad.ipynb", "raise ValueError('planted failure')")
     with pytest.raises(batch.RunError, match=r"03_bad.ipynb failed in cell 3: ValueError: planted failure"):
         batch.run(tiny, tmp_path / "run", notebooks=[*paths, bad], progress=False, jobs=2)
