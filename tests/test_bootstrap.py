@@ -125,3 +125,21 @@ def test_reweighting_refuses_what_it_cannot_express(cap):
         reweighted_statistics(cap, np.ones((1, 3)))
     b = bootstrap(cap, n_boot=3, covariance="full", n_pairs=16)
     assert b.attrs["computation"] == "exact"
+
+
+def test_repeated_weight_rows_are_computed_once_and_equal_each_row_alone(cap):
+    """Distinct weight rows are computed once and mapped back: repeated rows come out identical, and every row
+    equals its value computed by itself (a replicate depends on its own weights only)."""
+    from qkplast.reweight import reweighted_statistics
+
+    n_doc = len(np.unique(cap.doc.values))
+    rng = np.random.default_rng(5)
+    rows = rng.multinomial(n_doc, np.full(n_doc, 1 / n_doc), size=3).astype(float)  # [3, doc]
+    weights = rows[[0, 1, 0, 2, 1, 0]]  # [6, doc] with repeats
+    both = reweighted_statistics(cap, weights, per_head=True)  # [6, head, statistic]
+    np.testing.assert_array_equal(both[0], both[2])
+    np.testing.assert_array_equal(both[0], both[5])
+    np.testing.assert_array_equal(both[1], both[4])
+    alone = np.stack([reweighted_statistics(cap, row[None], per_head=True)[0] for row in weights])
+    np.testing.assert_allclose(both, alone, rtol=1e-12, atol=1e-15)
+    assert not np.allclose(both[0], both[1], equal_nan=True)  # different rows differ: the mapping is not trivial
