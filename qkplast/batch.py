@@ -610,7 +610,7 @@ def run(capture: CaptureOptions | None = None, out: str | os.PathLike | None = N
     for i, path in enumerate(paths, 1):
         # each notebook gets the parameters it declares (papermill warns about the others)
         declared = _declared_parameters(path)
-        nb_params = {**{k: v for k, v in parameters.items() if k in declared}, "run_dir": str(out.resolve())}
+        nb_params = {**{k: v for k, v in parameters.items() if k in declared}, "run_dir": str(out)}
         entry = done.get(path.name)
         if entry and entry.get("source") == _source_digest(path) and entry.get("parameters") == nb_params \
                 and (nb_out / path.name).exists():

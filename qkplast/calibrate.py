@@ -151,7 +151,7 @@ def calibrate_and_capture(model, tokenizer, corpus, metrics: xr.Dataset, heads, 
     if options.docs != 1:
         raise InterventionError(f"calibrate_and_capture runs one window (options.docs=1), got docs={options.docs}; "
                                 "for more, calibrate_clamp on all of them and then capture inside clamp_bias")
-    ids, mask = capture_windows(tokenizer, corpus, options)
+    _, mask = capture_windows(tokenizer, corpus, options)  # the positions the capture will sample
     with calibrating(model, metrics, heads, mask, mode, value=value) as calibration:
         again = run_capture(model, tokenizer, corpus, options=options, progress=False)
     return calibration.result(), again

@@ -133,8 +133,9 @@ def calibrate_clamps(model, tokenizer, corpus, capture: xr.Dataset, metrics: xr.
     conds = [c for c in conditions(metrics, ks, 0, seed) if c.mode]
     k_geometry = max((c.k for c in conds), default=None)
     in_pass = recapture and docs == 1
-    ids, mask = capture_windows(tokenizer, corpus, options)
     calibrated, recaptured = {}, {}
+    if not all(in_pass and c.k == k_geometry for c in conds):  # some clamp is calibrated on its own
+        ids, mask = capture_windows(tokenizer, corpus, options)
     for cond in conds:
         if in_pass and cond.k == k_geometry:
             calibrated[(cond.mode, cond.k)], recaptured[cond.mode] = calibrate_and_capture(
