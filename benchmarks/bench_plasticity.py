@@ -7,14 +7,18 @@ pair's rotated difference vector ``[head, bucket, pair, dim]`` and evaluates
 eqs. 4.11-4.14 on it, then the Monte Carlo wins with an einsum and a mask pass.
 "new" is, for the closed form alone, :func:`qkplast.plasticity.pair_closed_form`
 (per-key projections and one weighted dot per pair, no delta); for closed form
-plus Monte Carlo, what :func:`qkplast.plasticity.plasticity` runs: delta formed
-once and shared by :func:`~qkplast.plasticity.closed_form_kernel` and
-:func:`~qkplast.plasticity.monte_carlo_kernel` (one batched matmul and a sign
-sum). Both start from the same data and pairs, and their results are compared
-number by number. Then ``analyze()`` is timed by part: the thesis's metrics
-(PCA, rotation, plasticity; ``open_questions=False``), which the issue's
-1-second target is about, and the whole call with the chapter "open questions"
-metrics.
+plus Monte Carlo, the kernels :func:`qkplast.plasticity.plasticity_kernel`
+runs: delta gathered row by row (:func:`~qkplast.plasticity.pair_differences`)
+and shared by :func:`~qkplast.plasticity.closed_form_kernel` (products and
+sums, no einsum) and :func:`~qkplast.plasticity.monte_carlo_kernel` (one
+batched matmul and a sign sum). Both start from the same data and pairs, and
+their results are compared number by number. Then ``analyze()`` is timed by
+part: the thesis's metrics (PCA, rotation, plasticity; ``open_questions=False``),
+which the issue's 1-second target is about, and the whole call with the
+chapter "open questions" metrics. ``analyze()`` reads each chunk of heads once
+for all three analyses (:func:`qkplast.analyze.thesis_metrics`) and runs the
+chunks on every core (:func:`qkplast._torch.map_head_chunks`); the parts run
+alone each read the heads themselves.
 
     python benchmarks/bench_plasticity.py [--heads 300] [--threads 2] [--device cpu] [--repeats 3]
 """
@@ -32,8 +36,8 @@ from qkplast._torch import auto_chunk
 from qkplast.analyze import analyze
 from qkplast.options import AnalysisOptions
 from qkplast.pca import pca
-from qkplast.plasticity import (_layout, closed_form_kernel, monte_carlo_kernel, pair_closed_form, plasticity,
-                                query_model, rotate)
+from qkplast.plasticity import (closed_form_kernel, monte_carlo_kernel, pair_closed_form, pair_differences, plasticity,
+                                plasticity_layout, query_model, rotate)
 from qkplast.rotation import rotation
 from qkplast.synthetic import planted_capture
 
@@ -87,7 +91,7 @@ def main():
     # pairs from any document and any earlier key, so every one of the 16 buckets gets its 256 pairs
     opt = AnalysisOptions(pair_docs="any", eligible_keys="before_query", n_pairs=256, device=args.device)
     dev = torch.device(args.device)
-    lay = _layout(cap, opt, dev, warn=False)
+    lay = plasticity_layout(cap, opt, dev, warn=False)
     q = torch.as_tensor(cap.q.values, dtype=torch.float64, device=dev)
     k = torch.as_tensor(cap.k.values, dtype=torch.float64, device=dev)
     n_bucket, n_max = len(lay.buckets), lay.qidx.shape[1]
@@ -114,7 +118,7 @@ def main():
             if not mc:
                 out.append((pair_closed_form(kr, lay.pi, lay.pj, model), None))
                 continue
-            delta = kr[:, lay.pi] - kr[:, lay.pj]  # [head, bucket, pair, dim], as plasticity() forms it
+            delta = pair_differences(kr, lay.pi, lay.pj)  # [head, bucket, pair, dim], as plasticity() forms it
             out.append((closed_form_kernel(delta, model), monte_carlo_kernel(qr, delta, lay.qidx, lay.qmask)))
         return out
 

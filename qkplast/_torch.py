@@ -1,9 +1,16 @@
-"""Device resolution and float64 tensors: every statistic in qkplast is computed in float64."""
+"""Device resolution, float64 tensors (every statistic in qkplast is computed in float64) and head chunks."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
 import numpy as np
 import torch
+
+T = TypeVar("T")
 
 DTYPE = torch.float64
 
@@ -42,3 +49,43 @@ def head_chunks(n_head: int, chunk: int | None):
     chunk = n_head if not chunk else max(1, int(chunk))
     for start in range(0, n_head, chunk):
         yield slice(start, min(start + chunk, n_head))
+
+
+_worker = threading.local()
+
+
+def map_head_chunks(fn: Callable[[slice], T], n_head: int, chunk: int, device: torch.device) -> list[T]:
+    """``[fn(s) for s in head_chunks(n_head, chunk)]``, the chunks spread over the CPU's cores.
+
+    The analyses are many small problems, one per head (a 128 x 128 ``eigh``, a
+    few ``[pair, dim]`` passes), where torch's intra-op threads gain little and
+    a batched ``eigh`` runs its matrices one after another on one thread. On
+    the CPU the chunks therefore run in ``torch.get_num_threads()`` worker
+    threads, each single-threaded, so every core works on its own chunk with
+    its temporaries in its own cache (``benchmarks/bench_plasticity.py``
+    measures the gain). On a GPU, inside a worker, or with one thread, the
+    chunks run in order. Results keep the chunks' order; an exception in any
+    chunk is raised here.
+    """
+    slices = list(head_chunks(n_head, chunk))
+    workers = min(torch.get_num_threads(), n_head) if device.type == "cpu" else 1
+    if workers <= 1 or getattr(_worker, "active", False):
+        return [fn(s) for s in slices]
+    if len(slices) < 2 * workers:  # too few chunks to keep every core busy: split them finer
+        slices = list(head_chunks(n_head, -(-n_head // (2 * workers))))
+
+    def start_worker():
+        _worker.active = True
+        torch.set_num_threads(1)
+
+    before = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(workers, initializer=start_worker) as pool:
+            return list(pool.map(fn, slices))
+    finally:
+        torch.set_num_threads(before)  # a worker's setting also reaches the process-wide BLAS
+
+
+def head_vectors(capture, sl: slice, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The queries and keys of the heads ``sl`` of a capture, as stored (float32 as captured), on ``device``."""
+    return tuple(torch.from_numpy(np.ascontiguousarray(capture[name].values[sl])).to(device) for name in ("q", "k"))

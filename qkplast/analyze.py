@@ -8,11 +8,37 @@ from . import __version__
 from .io import validate_capture
 from .open_questions import open_questions
 from .options import AnalysisOptions
-from .pca import pca
-from .plasticity import plasticity
-from .rotation import rotation
+from ._torch import auto_chunk, head_vectors, map_head_chunks, resolve_device
+from .moments import cloud_moments
+from .pca import pca_dataset, pca_from_moments
+from .plasticity import bytes_per_head, plasticity_dataset, plasticity_kernel, plasticity_layout
+from .rotation import rotation_dataset, rotation_from_moments
 
 HEAD_COORDS = ("layer", "q_head", "kv_head", "rope")
+
+
+def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset]:
+    """The Datasets of :func:`~qkplast.pca.pca`, :func:`~qkplast.rotation.rotation` and
+    :func:`~qkplast.plasticity.plasticity`, from one pass over the heads.
+
+    Each chunk of heads is read, converted to float64 and centred once
+    (:func:`qkplast.moments.cloud_moments`); the three analyses share those
+    moments, and the chunks run on every core (:func:`qkplast._torch.map_head_chunks`).
+    """
+    dev = resolve_device(opt.device)
+    lay = plasticity_layout(capture, opt, dev, warn=True)
+
+    def one_chunk(sl: slice):
+        m = cloud_moments(*head_vectors(capture, sl, dev), lay.t)
+        return pca_from_moments(m), rotation_from_moments(m), plasticity_kernel(m, lay, opt)
+
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev)
+    pca_parts, rotation_parts, plasticity_parts = zip(*map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))
+    return [
+        pca_dataset(list(pca_parts), opt.taxonomy_low, opt.taxonomy_high),
+        rotation_dataset(list(rotation_parts)),
+        plasticity_dataset(list(plasticity_parts), lay, int(capture.attrs["seq_len"]), opt),
+    ]
 
 
 def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
@@ -49,13 +75,7 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     validate_capture(capture)
-    parts = [
-        pca(capture, taxonomy_low=opt.taxonomy_low, taxonomy_high=opt.taxonomy_high, device=opt.device,
-            head_chunk=opt.head_chunk),
-        rotation(capture, device=opt.device, head_chunk=opt.head_chunk),
-        plasticity(capture, opt),
-    ]
-    out = xr.merge(parts, compat="no_conflicts", combine_attrs="drop")
+    out = xr.merge(thesis_metrics(capture, opt), compat="no_conflicts", combine_attrs="drop")
     if opt.open_questions:  # beyond the thesis: listwise plasticity and the AP_drop decomposition
         out = out.merge(open_questions(capture, opt, out), compat="no_conflicts", combine_attrs="drop")
     out = out.assign_coords({name: ("head", capture[name].values) for name in HEAD_COORDS})

@@ -34,7 +34,7 @@ import xarray as xr
 
 from ._torch import as_f64, resolve_device
 from .options import AnalysisOptions
-from .plasticity import _layout, query_model, rotate
+from .plasticity import plasticity_layout, query_model, rotate
 
 SUMMARIES = ("median", "q05", "q95", "spread")
 
@@ -74,7 +74,7 @@ class _Setup:
         opt = AnalysisOptions.from_kwargs(options, positional_fit=positional_fit, covariance="diagonal",
                                           semantic_stats="per_bucket")
         dev = resolve_device(opt.device)
-        lay = _layout(capture, opt, dev, warn=False)
+        lay = plasticity_layout(capture, opt, dev, warn=False)
         _, qr, kr = rotate(as_f64(capture["q"], dev), as_f64(capture["k"], dev), lay.t)
         self.model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
         self.ok_bucket = torch.as_tensor(lay.counts >= opt.min_bucket_samples, device=dev)

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
-from .stats import covariance_with
+from ._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy
+from .moments import CloudMoments, cloud_moments
 
 TAXONOMY = ("position-dominated", "q-positional", "content-focused", "mixed")
 
@@ -27,13 +27,6 @@ class PCAResult:
     r_q: torch.Tensor  # [head, pc]
     r_k: torch.Tensor  # [head, pc]
     components: torch.Tensor  # [head, pc, dim], sign-canonicalised
-
-
-def _moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean ``[head, dim]`` and covariance ``[head, dim, dim]`` (ddof=1) over the sample axis."""
-    mean = x.mean(1)
-    xc = x - mean[:, None]  # [head, sample, dim]
-    return mean, xc.transpose(1, 2) @ xc / (x.shape[1] - 1)
 
 
 def pooled_covariance(mean_q, cov_q, mean_k, cov_k, n: int) -> torch.Tensor:
@@ -47,36 +40,43 @@ def pooled_covariance(mean_q, cov_q, mean_k, cov_k, n: int) -> torch.Tensor:
     return ((n - 1) * (cov_q + cov_k) + 0.5 * n * d[:, :, None] * d[:, None, :]) / (2 * n - 1)
 
 
+def pca_from_moments(m: CloudMoments) -> PCAResult:
+    """PCA of the pooled Q+K cloud per head from the clouds' moments (:func:`qkplast.moments.cloud_moments`).
+
+    Notes
+    -----
+    Correlations use moments rather than projected samples:
+    ``Cov(x^T v, t) = Cov(x, t)^T v`` and ``Var(x^T v) = v^T Cov(x) v``, so
+    ``r = v^T sum (x - mean)(t - t_bar) / sqrt(v^T S v * sum (t - t_bar)^2)``
+    with ``S`` the cloud's scatter matrix.
+    """
+    n = m.n
+    cov = pooled_covariance(m.mean_q, m.scatter_q / (n - 1), m.mean_k, m.scatter_k / (n - 1), n)
+    evals, evecs = torch.linalg.eigh(cov)  # [head, pc], [head, dim, pc]
+    evals, evecs = evals.flip(-1).clamp_min(0), evecs.flip(-1)  # descending
+    evr = evals / evals.sum(-1, keepdim=True)  # [head, pc]
+
+    def corr(cross, scatter):
+        num = (cross[:, None, :] @ evecs)[:, 0]  # [head, pc]
+        var = ((scatter @ evecs) * evecs).sum(1).clamp_min(0)  # [head, pc]: v^T S v per component
+        den = torch.sqrt(var * m.stt)
+        return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.full_like(num, float("nan")))
+
+    r_q, r_k = corr(m.cross_q, m.scatter_q), corr(m.cross_k, m.scatter_k)
+    dominant = torch.where(r_q.abs() >= r_k.abs(), r_q, r_k)
+    sign = torch.where(dominant < 0, -1.0, 1.0).to(evecs.dtype)  # [head, pc]
+    return PCAResult(evr, r_q * sign, r_k * sign, (evecs * sign[:, None, :]).transpose(-1, -2))
+
+
 def pca_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> PCAResult:
     """PCA of pooled Q+K per head with position correlations.
 
     Parameters
     ----------
-    q, k : Tensor ``[head, sample, dim]`` (float64)
-    t : Tensor ``[sample]`` token positions
-
-    Notes
-    -----
-    Correlations use moments rather than projected samples:
-    ``Cov(x^T v, t) = Cov(x, t)^T v`` and ``Var(x^T v) = v^T Cov(x) v``; the
-    pooled covariance comes from the two clouds' own (:func:`pooled_covariance`).
+    q, k : Tensor ``[head, sample, dim]``
+    t : Tensor ``[sample]`` token positions (float64)
     """
-    (mean_q, cov_q), (mean_k, cov_k) = _moments(q), _moments(k)
-    evals, evecs = torch.linalg.eigh(pooled_covariance(mean_q, cov_q, mean_k, cov_k, q.shape[1]))  # [head, dim, pc]
-    evals, evecs = evals.flip(-1).clamp_min(0), evecs.flip(-1)  # descending
-    evr = evals / evals.sum(-1, keepdim=True)  # [head, pc]
-    var_t = t.var()
-
-    def corr(y, cov_y):
-        cov_t = torch.einsum("hd,hdp->hp", covariance_with(y, t), evecs)  # [head, pc]
-        var = ((cov_y @ evecs) * evecs).sum(1).clamp_min(0)  # [head, pc]: v^T C v per component
-        den = torch.sqrt(var * var_t)
-        return torch.where(den > 0, cov_t / den, torch.full_like(cov_t, float("nan")))
-
-    r_q, r_k = corr(q, cov_q), corr(k, cov_k)
-    dominant = torch.where(r_q.abs() >= r_k.abs(), r_q, r_k)
-    sign = torch.where(dominant < 0, -1.0, 1.0).to(q.dtype)  # [head, pc]
-    return PCAResult(evr, r_q * sign, r_k * sign, (evecs * sign[:, None, :]).transpose(-1, -2))
+    return pca_from_moments(cloud_moments(q, k, t))
 
 
 def classify(r_q0: np.ndarray, r_k0: np.ndarray, low: float = 0.3, high: float = 0.7) -> np.ndarray:
@@ -103,10 +103,14 @@ def pca(capture: xr.Dataset, *, taxonomy_low: float = 0.3, taxonomy_high: float 
     """PCA metrics per head: ``explained_variance_ratio``, ``r_q_pc``, ``r_k_pc`` (dims head, pc), ``taxonomy``."""
     dev = resolve_device(device)
     t = as_f64(capture["position"], dev)
-    parts = []
-    for sl in head_chunks(capture.sizes["head"], head_chunk or auto_chunk(_bytes_per_head(capture), dev)):
-        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)
-        parts.append(pca_kernel(q, k, t))
+    chunk = head_chunk or auto_chunk(_bytes_per_head(capture), dev)
+    parts = map_head_chunks(lambda sl: pca_kernel(*head_vectors(capture, sl, dev), t), capture.sizes["head"], chunk, dev)
+    return pca_dataset(parts, taxonomy_low, taxonomy_high, keep_components)
+
+
+def pca_dataset(parts: list[PCAResult], taxonomy_low: float = 0.3, taxonomy_high: float = 0.7,
+                keep_components: bool = False) -> xr.Dataset:
+    """The Dataset of :func:`pca` from the results of consecutive chunks of heads."""
     cat = lambda name: to_numpy(torch.cat([getattr(p, name) for p in parts]))  # noqa: E731
     r_q, r_k = cat("r_q"), cat("r_k")
     out = xr.Dataset(

@@ -35,8 +35,9 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
+from ._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy
 from .linalg import householder_apply, householder_vector
+from .moments import CloudMoments, cloud_moments
 from .options import AnalysisOptions
 from .stats import slope
 
@@ -243,12 +244,27 @@ def closed_form_kernel(delta: torch.Tensor, model: QueryModel) -> torch.Tensor:
     path :func:`plasticity` takes, where the Monte Carlo estimate needs
     ``delta`` anyway.
     """
-    mu = torch.einsum("hbpd,hbd->hbp", delta, model.mean)  # eq. 4.11
+    # products and sums over dim rather than einsum: einsum makes these batched matrix-vector products, several
+    # times slower on the CPU than one elementwise pass
+    mu = (delta * model.mean[:, :, None]).sum(-1)  # [head, bucket, pair], eq. 4.11
     if model.full:
         var = torch.einsum("hbpd,hbde,hbpe->hbp", delta, model.cov, delta)  # Lemma A.1 variance
     else:
-        var = torch.einsum("hbpd,hbd->hbp", delta * delta, model.cov)  # eq. 4.12
+        var = (delta.square() * model.cov[:, :, None]).sum(-1)  # eq. 4.12
     return pairwise_plasticity(mu, var)
+
+
+def pair_differences(kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor) -> torch.Tensor:
+    """``kr[:, pi] - kr[:, pj]`` ``[head, bucket, pair, dim]`` for keys ``[head, sample, dim]`` and pairs ``[bucket, pair]``.
+
+    Rows gathered from the flattened keys (``index_select`` copies whole rows;
+    measured 2.5x faster than advanced indexing here).
+    """
+    h, s, d = kr.shape
+    flat = kr.reshape(h * s, d)
+    offset = torch.arange(h, device=kr.device)[:, None] * s  # [head, 1]
+    rows = lambda idx: (offset + idx.reshape(1, -1)).reshape(-1)  # noqa: E731  [head * bucket * pair]
+    return (flat.index_select(0, rows(pi)) - flat.index_select(0, rows(pj))).view(h, *pi.shape, d)
 
 
 def rotate(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor):
@@ -322,9 +338,10 @@ def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor
     # Padding rows are zeroed, so their score is exactly 0 and their sign adds nothing: with s = sum of signs
     # over the bucket's n queries, p = (#wins + #ties / 2) / n = (s / n + 1) / 2, one reduction and no mask pass.
     qb = qr[:, qidx] * qmask[None, :, :, None].to(qr.dtype)  # [head, bucket, n_max, dim]
-    score = qb @ delta.transpose(-1, -2)  # [head, bucket, n_max, pair]: one batched matmul
     n = qmask.sum(1).to(qr.dtype)[None, :, None]  # [1, bucket, 1]
-    p = (torch.sign(score).sum(2) / n.clamp_min(1) + 1) / 2  # [head, bucket, pair]
+    # one batched product; [.., pair, query] so that the sum over queries runs along contiguous memory
+    score = delta @ qb.transpose(-1, -2)  # [head, bucket, pair, n_max]
+    p = (torch.sign(score).sum(-1) / n.clamp_min(1) + 1) / 2  # [head, bucket, pair]
     pp = 4 * p * (1 - p)
     if unbiased:
         pp = pp * n / (n - 1).clamp_min(1)
@@ -335,7 +352,7 @@ def pair_monte_carlo(qr: torch.Tensor, kr: torch.Tensor, pi: torch.Tensor, pj: t
                      qmask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
     """:func:`monte_carlo_kernel` from rotated keys: the sign of ``q^T (k_i - k_j)`` needs the difference,
     formed here per chunk of heads only."""
-    return monte_carlo_kernel(qr, kr[:, pi] - kr[:, pj], qidx, qmask, unbiased)
+    return monte_carlo_kernel(qr, pair_differences(kr, pi, pj), qidx, qmask, unbiased)
 
 
 def closed_form(q, k, t, onehot, tau, pi, pj, options: AnalysisOptions):
@@ -423,24 +440,24 @@ def summarize_profile(ap: np.ndarray, tau: np.ndarray, width, counts, seq_len: i
     }
 
 
-def _bytes_per_head(lay: "_Layout", dim: int, opt: AnalysisOptions, monte_carlo: bool) -> int:
+def bytes_per_head(lay: "_Layout", dim: int, opt: AnalysisOptions, monte_carlo: bool) -> int:
     """Largest temporaries per head: the pairs' gathered keys (and the Monte Carlo scores)."""
     n_bucket, n_pairs, n_max = len(lay.buckets), lay.pi.shape[1], lay.qidx.shape[1]
     per = 8 * n_bucket * n_pairs * (3 * dim + (n_max if monte_carlo else 0))
     return per + (8 * n_bucket * dim * dim if opt.covariance != "diagonal" else 0)
 
 
-def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.ndarray, _Layout]:
+def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.ndarray, "_Layout"]:
     """Closed-form plasticity ``[head, query_bucket]`` only: no Monte Carlo, no maps."""
     dev = resolve_device(options.device)
-    lay = _layout(capture, options, dev, warn=False)
-    out = []
-    chunk = options.head_chunk or auto_chunk(_bytes_per_head(lay, capture.sizes["dim"], options, False), dev)
-    for sl in head_chunks(capture.sizes["head"], chunk):
-        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)
-        pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, options)[3]
-        out.append(weighted_pair_mean(pp, lay.pweight))
-    return to_numpy(torch.cat(out)), lay
+    lay = plasticity_layout(capture, options, dev, warn=False)
+    chunk = options.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], options, False), dev)
+
+    def one_chunk(sl: slice) -> torch.Tensor:
+        q, k = (as_f64(x, dev) for x in head_vectors(capture, sl, dev))
+        return weighted_pair_mean(closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, options)[3], lay.pweight)
+
+    return to_numpy(torch.cat(map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))), lay
 
 
 @dataclass
@@ -460,6 +477,8 @@ class _Layout:
     qidx: torch.Tensor  # [bucket, n_max]
     qmask: torch.Tensor
     pweight: torch.Tensor  # [bucket, pair] weight of each pair in ap (options.pair_weight); 0 where not valid
+    cell: torch.Tensor  # [bucket * pair] cell of each pair in the 2D map (inter-key by query-to-midpoint distance)
+    n_cells: int
 
 
 def pair_weights(pairs: KeyPairs, position: np.ndarray, rule: str) -> np.ndarray:
@@ -479,7 +498,8 @@ def pair_weights(pairs: KeyPairs, position: np.ndarray, rule: str) -> np.ndarray
     return np.where(pairs.valid & np.isfinite(w) & (w > 0), w, 0.0)
 
 
-def _layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool) -> _Layout:
+def plasticity_layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool) -> _Layout:
+    """Buckets, key pairs, query lists, pair weights and map cells of a capture: what every head shares."""
     buckets, _, width, counts = bucket_layout(capture, opt.query_position)
     pairs = sample_key_pairs(capture, opt)
     few = (counts < opt.min_bucket_samples) | (counts == 0)
@@ -513,8 +533,69 @@ def _layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: 
         buckets, width, counts, pairs, as_f64(capture["position"], dev), onehot, as_f64(pairs.tau, dev),
         torch.as_tensor(pairs.i, device=dev), torch.as_tensor(pairs.j, device=dev),
         torch.as_tensor(pvalid, device=dev), torch.as_tensor(qidx, device=dev), torch.as_tensor(qmask, device=dev),
-        as_f64(pweight, dev),
+        as_f64(pweight, dev), torch.as_tensor(_map_cells(capture, pairs, opt).reshape(-1), device=dev),
+        opt.map_bins**2,
     )
+
+
+def _map_cells(capture: xr.Dataset, pairs: KeyPairs, opt: AnalysisOptions) -> np.ndarray:
+    """Cell ``[bucket, pair]`` of each pair in the 2D map: positions only, hence shared by all heads."""
+    pos = capture["position"].values.astype(float)
+    key_dist = np.abs(pos[pairs.i] - pos[pairs.j])  # [bucket, pair]
+    q_dist = pairs.tau[:, None] - 0.5 * (pos[pairs.i] + pos[pairs.j])
+    edges = np.linspace(0.0, int(capture.attrs["seq_len"]), opt.map_bins + 1)
+    kb = np.clip(np.digitize(key_dist, edges) - 1, 0, opt.map_bins - 1)
+    qb = np.clip(np.digitize(q_dist, edges) - 1, 0, opt.map_bins - 1)
+    return kb * opt.map_bins + qb
+
+
+@dataclass
+class PlasticityChunk:
+    """What :func:`plasticity_kernel` returns for a chunk of heads; :func:`plasticity_dataset` joins the chunks."""
+
+    ap: torch.Tensor  # [head, bucket] closed form
+    ap_mc: torch.Tensor  # [head, bucket] Monte Carlo
+    ap_mc_se: torch.Tensor  # [head, bucket]
+    map_sum: torch.Tensor  # [head, cell] closed-form sums per 2D-map cell
+    map_mc_sum: torch.Tensor  # [head, cell]
+    map_count: torch.Tensor  # [head, cell] pairs per cell with a defined value
+    fit: torch.Tensor  # [head, 3] alpha_pos, beta_pos, sigma2_pos
+    n_bad_var: int  # valid (head, pair) combinations with zero score variance
+
+
+def plasticity_kernel(m: CloudMoments, lay: _Layout, opt: AnalysisOptions) -> PlasticityChunk:
+    """Closed-form and Monte Carlo plasticity of a chunk of heads (eqs. 4.10-4.14), from its centred clouds.
+
+    The Householder reflection of the query drift ``m.beta_q`` turns both
+    clouds; the keys stay centred (only their differences are used), the
+    queries get their mean back (the Monte Carlo scores need it).
+    """
+    if (torch.linalg.vector_norm(m.beta_q, dim=-1) == 0).any():
+        raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
+    u = householder_vector(m.beta_q)  # eq. 4.10
+    qr = householder_apply(u, m.centred_q + m.mean_q[:, None])  # [head, sample, dim]
+    model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
+    # The Monte Carlo signs need every pair's difference vector; once it exists, eqs. 4.11-4.14 on it are
+    # cheaper than the delta-free pair_closed_form (used where no Monte Carlo runs).
+    delta = pair_differences(householder_apply(u, m.centred_k), lay.pi, lay.pj)  # [head, bucket, pair, dim]
+    pp = closed_form_kernel(delta, model)
+    pp_mc = monte_carlo_kernel(qr, delta, lay.qidx, lay.qmask, opt.mc_unbiased)
+    map_sum, map_count = _map_sums(pp, lay)
+    return PlasticityChunk(
+        ap=weighted_pair_mean(pp, lay.pweight), ap_mc=weighted_pair_mean(pp_mc, lay.pweight),
+        ap_mc_se=weighted_pair_se(pp_mc, lay.pweight), map_sum=map_sum, map_mc_sum=_map_sums(pp_mc, lay)[0],
+        map_count=map_count, fit=torch.stack([model.alpha_pos, model.beta_pos, model.sigma2_pos], -1),
+        n_bad_var=int((torch.isnan(pp) & lay.pvalid).sum()),
+    )
+
+
+def _map_sums(pp: torch.Tensor, lay: _Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums and counts ``[head, cell]`` of the defined pairwise values in each cell of the 2D map."""
+    flat = pp.reshape(pp.shape[0], -1)  # [head, bucket * pair]
+    ok = (lay.pvalid.reshape(-1)[None] & ~torch.isnan(flat)).to(torch.float64)
+    total = torch.zeros(pp.shape[0], lay.n_cells, dtype=torch.float64, device=pp.device)
+    count = torch.zeros_like(total)
+    return total.index_add_(1, lay.cell, torch.nan_to_num(flat) * ok), count.index_add_(1, lay.cell, ok)
 
 
 def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
@@ -530,92 +611,57 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     dev = resolve_device(opt.device)
-    seq_len = int(capture.attrs["seq_len"])
-    lay = _layout(capture, opt, dev, warn=True)
-    buckets, width, counts, pairs = lay.buckets, lay.width, lay.counts, lay.pairs
-    t, onehot, tau, pi, pj, pvalid = lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, lay.pvalid
-    qidx_t, qmask_t = lay.qidx, lay.qmask
+    lay = plasticity_layout(capture, opt, dev, warn=True)
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev)
+    kernel = lambda sl: plasticity_kernel(  # noqa: E731
+        cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt)
+    return plasticity_dataset(map_head_chunks(kernel, capture.sizes["head"], chunk, dev), lay,
+                              int(capture.attrs["seq_len"]), opt)
 
-    # 2D map coordinates are position-only, hence shared by all heads.
-    pos = capture["position"].values.astype(float)
-    key_dist = np.abs(pos[pairs.i] - pos[pairs.j])  # [bucket, pair]
-    q_dist = pairs.tau[:, None] - 0.5 * (pos[pairs.i] + pos[pairs.j])
-    edges = np.linspace(0.0, seq_len, opt.map_bins + 1)
-    kb = np.clip(np.digitize(key_dist, edges) - 1, 0, opt.map_bins - 1)
-    qb_ = np.clip(np.digitize(q_dist, edges) - 1, 0, opt.map_bins - 1)
-    cell = torch.as_tensor(kb * opt.map_bins + qb_, device=dev).reshape(-1)  # [bucket*pair]
 
-    ap, ap_mc, ap_mc_se, maps, maps_mc, fits = [], [], [], [], [], []
-    n_bad_var = 0
-    chunk = opt.head_chunk or auto_chunk(_bytes_per_head(lay, capture.sizes["dim"], opt, True), dev)
-    for sl in head_chunks(capture.sizes["head"], chunk):
-        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)  # [head, sample, dim]
-        _, qr, kr = rotate(q, k, t)
-        model = query_model(qr, t, onehot, tau, opt)
-        # The Monte Carlo signs need every pair's difference vector; once it exists, eqs. 4.11-4.14 on it are
-        # cheaper than the delta-free pair_closed_form (used where no Monte Carlo runs).
-        delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
-        pp = closed_form_kernel(delta, model)
-        n_bad_var += int((torch.isnan(pp) & pvalid).sum())
-        pp_mc = monte_carlo_kernel(qr, delta, qidx_t, qmask_t, opt.mc_unbiased)
-        ap.append(weighted_pair_mean(pp, lay.pweight))
-        ap_mc.append(weighted_pair_mean(pp_mc, lay.pweight))
-        ap_mc_se.append(weighted_pair_se(pp_mc, lay.pweight))
-        for src, dst in ((pp, maps), (pp_mc, maps_mc)):
-            flat = src.reshape(src.shape[0], -1)
-            ok = (pvalid.reshape(-1)[None] & ~torch.isnan(flat)).to(torch.float64)
-            s = torch.zeros(src.shape[0], opt.map_bins**2, dtype=torch.float64, device=dev)
-            c = torch.zeros_like(s)
-            s.index_add_(1, cell, torch.nan_to_num(flat) * ok)
-            c.index_add_(1, cell, ok)
-            dst.append((s, c))
-        fits.append(torch.stack([model.alpha_pos, model.beta_pos, model.sigma2_pos], -1))
+def plasticity_dataset(chunks: list[PlasticityChunk], lay: _Layout, seq_len: int, opt: AnalysisOptions) -> xr.Dataset:
+    """The Dataset of :func:`plasticity` from the results of consecutive chunks of heads."""
+    n_bad_var = sum(c.n_bad_var for c in chunks)
     if n_bad_var:
         warnings.warn(f"{n_bad_var} (head, pair) combinations have zero score variance (identical keys "
-                      "or degenerate queries); they are left out of the averages", PlasticityWarning, stacklevel=2)
-
-    ap = to_numpy(torch.cat(ap))  # [head, bucket]
-    ap_mc = to_numpy(torch.cat(ap_mc))
-    ap_mc_se = to_numpy(torch.cat(ap_mc_se))
+                      "or degenerate queries); they are left out of the averages", PlasticityWarning, stacklevel=3)
+    cat = lambda name: to_numpy(torch.cat([getattr(c, name) for c in chunks]))  # noqa: E731
+    ap, ap_mc, count = cat("ap"), cat("ap_mc"), cat("map_count")
+    pairs, width, counts = lay.pairs, lay.width, lay.counts
     aggregates = lambda a, suffix: {  # noqa: E731
         f"{name}{suffix}": value for name, value in summarize_profile(a, pairs.tau, width, counts, seq_len, opt).items()
     }
-
-    def finish_map(parts):
-        s = to_numpy(torch.cat([p[0] for p in parts]))
-        c = to_numpy(torch.cat([p[1] for p in parts]))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            m = np.where(c > 0, s / np.maximum(c, 1), np.nan)
-        shape = (-1, opt.map_bins, opt.map_bins)
-        return m.reshape(shape), c[0].reshape(shape[1:])
-
-    ap_map, count = finish_map(maps)
-    ap_mc_map, _ = finish_map(maps_mc)
-    fit = to_numpy(torch.cat(fits))
+    shape = (-1, opt.map_bins, opt.map_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ap_map, ap_mc_map = (np.where(count > 0, cat(name) / np.maximum(count, 1), np.nan).reshape(shape)
+                             for name in ("map_sum", "map_mc_sum"))
+    fit = cat("fit")
+    edges = np.linspace(0.0, seq_len, opt.map_bins + 1)
     centers = 0.5 * (edges[1:] + edges[:-1])
+    first20, last20 = _edge_masks(pairs.tau, seq_len, opt)
     ds = xr.Dataset(
         {
             "ap": (("head", "query_bucket"), ap),
             "ap_mc": (("head", "query_bucket"), ap_mc),
-            "ap_mc_se": (("head", "query_bucket"), ap_mc_se),
+            "ap_mc_se": (("head", "query_bucket"), cat("ap_mc_se")),
             **aggregates(ap, ""),
             **aggregates(ap_mc, "_mc"),
             "ap_map": (("head", "key_distance", "query_distance"), ap_map),
             "ap_mc_map": (("head", "key_distance", "query_distance"), ap_mc_map),
-            "map_count": (("key_distance", "query_distance"), count),
+            "map_count": (("key_distance", "query_distance"), count[0].reshape(shape[1:])),
             "alpha_pos": ("head", fit[:, 0]),
             "beta_pos": ("head", fit[:, 1]),
             "sigma2_pos": ("head", fit[:, 2]),
         },
         coords={
-            "query_bucket": buckets,
+            "query_bucket": lay.buckets,
             "tau": ("query_bucket", pairs.tau),
             "n_queries": ("query_bucket", counts),
             "n_pairs": ("query_bucket", pairs.valid.sum(1)),
             "n_admissible_pairs": ("query_bucket", pairs.n_admissible),
             "bucket_weight": ("query_bucket", _bucket_weight(width, counts, opt)),
-            "in_first20": ("query_bucket", _edge_masks(pairs.tau, seq_len, opt)[0]),
-            "in_last20": ("query_bucket", _edge_masks(pairs.tau, seq_len, opt)[1]),
+            "in_first20": ("query_bucket", first20),
+            "in_last20": ("query_bucket", last20),
             "context_bin": np.arange(opt.context_bins),
             "context_lo": ("context_bin", np.linspace(0, 1, opt.context_bins + 1)[:-1]),
             "context_hi": ("context_bin", np.linspace(0, 1, opt.context_bins + 1)[1:]),
@@ -658,7 +704,7 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     dev = resolve_device(opt.device)
     sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
-    lay = _layout(sub, opt, dev, warn=False)
+    lay = plasticity_layout(sub, opt, dev, warn=False)
     q, k = as_f64(sub["q"], dev), as_f64(sub["k"], dev)
     _, qr, kr = rotate(q, k, lay.t)
     model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)

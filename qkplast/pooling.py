@@ -22,7 +22,7 @@ import xarray as xr
 
 from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from .options import AnalysisOptions
-from .plasticity import _layout, pair_closed_form, query_model, rotate, summarize_profile, weighted_pair_mean
+from .plasticity import pair_closed_form, plasticity_layout, query_model, rotate, summarize_profile, weighted_pair_mean
 
 
 def within_document_queries(qr: torch.Tensor, cell: torch.Tensor, n_cell: int, bucket_of_cell: torch.Tensor,
@@ -51,7 +51,7 @@ def within_document_ap(capture: xr.Dataset, options: AnalysisOptions | None = No
     if opt.semantic_stats != "per_bucket":
         raise ValueError("within-document statistics are per bucket: use semantic_stats='per_bucket'")
     dev = resolve_device(opt.device)
-    lay = _layout(capture, opt, dev, warn=False)
+    lay = plasticity_layout(capture, opt, dev, warn=False)
     _, doc = np.unique(capture["doc"].values, return_inverse=True)
     n_bucket = len(lay.buckets)
     cell_np = doc * n_bucket + capture["bucket"].values

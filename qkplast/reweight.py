@@ -44,7 +44,7 @@ import xarray as xr
 from ._torch import as_f64, resolve_device
 from .linalg import householder_vector
 from .options import AnalysisOptions
-from .plasticity import _bucket_weight, _edge_masks, _layout
+from .plasticity import _bucket_weight, _edge_masks, plasticity_layout
 
 _SQRT1_2 = 1 / math.sqrt(2)
 #: the model-level statistics of a replicate, in this order
@@ -253,7 +253,7 @@ def reweighted_statistics(capture: xr.Dataset, weights: np.ndarray, options: Ana
                          "positional_fit='global', query_position='midpoint', pair_docs='same'; "
                          "use bootstrap(..., method='exact') for other options")
     dev = resolve_device(opt.device)
-    lay = _layout(capture, opt, dev, warn=False)
+    lay = plasticity_layout(capture, opt, dev, warn=False)
     _, doc_code = np.unique(capture.doc.values, return_inverse=True)
     n_doc = int(doc_code.max()) + 1
     weights = np.asarray(weights, dtype=float)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 import xarray as xr
 
-from ._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
+from ._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy
+from .moments import CloudMoments, cloud_moments
 
 SCALARS = (
     "alpha_q", "alpha_k", "mu_q_a", "bias_strength", "r_q_a", "r_k_a", "separation_strength",
@@ -39,50 +40,45 @@ def _unit(v: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 0, v / torch.where(n > 0, n, torch.ones_like(n)), torch.full_like(v, float("nan")))
 
 
-def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Rotation metrics per head from ``q, k`` ``[head, sample, dim]`` and positions ``t`` ``[sample]``.
+def rotation_from_moments(m: CloudMoments) -> dict[str, torch.Tensor]:
+    """Rotation metrics per head from the clouds' moments (:func:`qkplast.moments.cloud_moments`).
 
-    Every metric is a moment of the two clouds: their centred position
-    covariances ``Cov(q, t)``, ``Cov(k, t)`` and their projections on the axes,
+    Every metric is a moment of the two clouds: their position cross sums
+    ``sum (x - mean)(t - t_bar)`` and scatter matrices projected on the axes,
     so the pooled cloud ``[head, 2 sample, dim]`` is never formed.
     ``orthogonal_position_cov`` is the norm of the position covariance of the
     cloud projected onto the complement of ``a`` (the largest linear position
-    covariance any unit direction orthogonal to ``a`` has), computed from the
-    data as ``sum x (t - t_bar) - a sum (a^T x)(t - t_bar)``: the clouds' cross
-    sums minus those of their projections on ``a``. It is zero by construction
+    covariance any unit direction orthogonal to ``a`` has):
+    ``sum x (t - t_bar) - a sum (a^T x)(t - t_bar)``, the clouds' cross sums
+    minus those of their projections on ``a``. It is zero by construction
     (eq. 4.3) and comes out at rounding level.
     """
-    n = q.shape[1]
-    tc = t - t.mean()  # [sample]
-    stt = (tc * tc).sum()
-    qc, kc = q - q.mean(1, keepdim=True), k - k.mean(1, keepdim=True)  # [head, sample, dim]
-    sq, sk = torch.einsum("hsd,s->hd", qc, tc), torch.einsum("hsd,s->hd", kc, tc)  # [head, dim] sum (x - mean) t_c
+    n, stt = m.n, m.stt
+    sq, sk = m.cross_q, m.cross_k  # [head, dim]
     # the pooled cloud has the same positions twice, so its centred cross sum is sq + sk (2n - 1 dof)
     c = (sq + sk) / (2 * n - 1)  # [head, dim] Cov(x, t) of the pooled cloud
     a = _unit(c)  # eq. 4.3
-    mu_q, mu_k = q.mean(1), k.mean(1)
-    diff = mu_q - mu_k  # [head, dim]
+    diff = m.mean_difference  # [head, dim]
     b = _unit(diff - (diff * a).sum(-1, keepdim=True) * a)  # eq. 4.5
-    qa, ka = torch.einsum("hsd,hd->hs", qc, a), torch.einsum("hsd,hd->hs", kc, a)  # [head, sample] centred
-    qb, kb = torch.einsum("hsd,hd->hs", qc, b), torch.einsum("hsd,hd->hs", kc, b)
-    alpha_q, alpha_k = (qa @ tc) / stt, (ka @ tc) / stt  # [head]
-    mu_q_a = (mu_q * a).sum(-1)
-    total_var = ((qc * qc).sum((1, 2)) + (kc * kc).sum((1, 2)) + 0.5 * n * (diff * diff).sum(-1)) / (2 * n - 1)
+    qa_t, ka_t = (sq * a).sum(-1), (sk * a).sum(-1)  # [head] sum (a^T x - mean)(t - t_bar)
+    qa2, ka2 = m.sum_of_squares(a)  # [head] sum (a^T (x - mean))^2
+    alpha_q, alpha_k = qa_t / stt, ka_t / stt
+    mu_q_a = (m.mean_q * a).sum(-1)
+    total_var = (m.total_sum_of_squares() + 0.5 * n * (diff * diff).sum(-1)) / (2 * n - 1)
 
-    def pooled_var(pq, pk, dm):
-        """Variance of the pooled projections from the centred ones and the mean difference ``dm``."""
-        return ((pq * pq).sum(-1) + (pk * pk).sum(-1) + 0.5 * n * dm * dm) / (2 * n - 1)
+    def pooled_var(pq2, pk2, dm):
+        """Variance of the pooled projections from the centred sums of squares and the mean difference ``dm``."""
+        return (pq2 + pk2 + 0.5 * n * dm * dm) / (2 * n - 1)
 
-    var_a = pooled_var(qa, ka, (diff * a).sum(-1))
-    var_b = pooled_var(qb, kb, (diff * b).sum(-1))
-    # Cov(x - (a.x) a, t) from the data: the cross sums of the clouds minus a times those of their projections
-    c_perp = (sq + sk - a * (qa @ tc + ka @ tc)[:, None]) / (2 * n - 1)  # [head, dim]
-    key_slope = (mu_q * sk).sum(-1) / stt  # mu_Q^T beta_K
+    var_a = pooled_var(qa2, ka2, (diff * a).sum(-1))
+    var_b = pooled_var(*m.sum_of_squares(b), (diff * b).sum(-1))
+    c_perp = (sq + sk - a * (qa_t + ka_t)[:, None]) / (2 * n - 1)  # [head, dim]
+    key_slope = (m.mean_q * sk).sum(-1) / stt  # mu_Q^T beta_K
     bias = mu_q_a * alpha_k
 
-    def corr(p):
-        den = torch.sqrt((p * p).sum(-1) * stt)
-        return torch.where(den > 0, (p @ tc) / den, torch.full_like(den, float("nan")))
+    def corr(p_t, p2):
+        den = torch.sqrt(p2 * stt)
+        return torch.where(den > 0, p_t / torch.where(den > 0, den, torch.ones_like(den)), torch.full_like(den, float("nan")))
 
     return {
         "axis_a": a,
@@ -91,8 +87,8 @@ def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[s
         "alpha_k": alpha_k,
         "mu_q_a": mu_q_a,
         "bias_strength": bias,  # eq. 4.6
-        "r_q_a": corr(qa),
-        "r_k_a": corr(ka),
+        "r_q_a": corr(qa_t, qa2),
+        "r_k_a": corr(ka_t, ka2),
         "separation_strength": (diff * b).sum(-1),
         "plane_variance_fraction": (var_a + var_b) / total_var,
         "position_cov_a": (c * a).sum(-1),
@@ -103,6 +99,11 @@ def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[s
     }
 
 
+def rotation_kernel(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rotation metrics per head from ``q, k`` ``[head, sample, dim]`` and positions ``t`` ``[sample]``."""
+    return rotation_from_moments(cloud_moments(q, k, t, scatter=False))
+
+
 def _bytes_per_head(capture: xr.Dataset) -> int:
     return 8 * 4 * capture.sizes["sample"] * capture.sizes["dim"]  # both clouds and their centred copies
 
@@ -111,10 +112,13 @@ def rotation(capture: xr.Dataset, *, device="auto", head_chunk: int = 0) -> xr.D
     """Rotation metrics per head (dims ``head``; axes with dims ``head, dim``)."""
     dev = resolve_device(device)
     t = as_f64(capture["position"], dev)
-    parts = [
-        rotation_kernel(as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev), t)
-        for sl in head_chunks(capture.sizes["head"], head_chunk or auto_chunk(_bytes_per_head(capture), dev))
-    ]
+    chunk = head_chunk or auto_chunk(_bytes_per_head(capture), dev)
+    return rotation_dataset(map_head_chunks(lambda sl: rotation_kernel(*head_vectors(capture, sl, dev), t),
+                                            capture.sizes["head"], chunk, dev))
+
+
+def rotation_dataset(parts: list[dict[str, torch.Tensor]]) -> xr.Dataset:
+    """The Dataset of :func:`rotation` from the results of consecutive chunks of heads."""
     out = {}
     for name in parts[0]:
         value = to_numpy(torch.cat([p[name] for p in parts]))

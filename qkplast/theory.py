@@ -440,13 +440,13 @@ def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
     from ._torch import as_f64, resolve_device
     from .linalg import householder_apply, householder_vector
     from .options import AnalysisOptions
-    from .plasticity import _layout, query_model
+    from .plasticity import plasticity_layout, query_model
     from .stats import slope
 
     opt = AnalysisOptions.from_kwargs(None, **options)
     dev = resolve_device(opt.device)
     sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
-    lay = _layout(sub, opt, dev, warn=False)
+    lay = plasticity_layout(sub, opt, dev, warn=False)
     q, k = as_f64(sub["q"], dev), as_f64(sub["k"], dev)
     u = householder_vector(slope(q, lay.t))
     qr, kr = householder_apply(u, q), householder_apply(u, k)

@@ -87,3 +87,29 @@ def test_open_questions_can_be_left_out(result):
     for name in thesis.data_vars:
         np.testing.assert_array_equal(thesis[name].values, m[name].values)
     assert thesis.attrs["options"]["open_questions"] is False
+
+
+def test_one_pass_over_the_heads_equals_the_three_analyses_run_apart(result):
+    """analyze() shares each chunk's moments between PCA, rotation and plasticity, on every core; the
+    public functions run alone, one chunk of heads at a time, give the same numbers."""
+    import torch
+
+    from qkplast.pca import pca
+    from qkplast.plasticity import plasticity
+    from qkplast.rotation import rotation
+
+    cap, m = result
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # in order, in the calling thread
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlasticityWarning)
+            apart = [pca(cap, head_chunk=2), rotation(cap, head_chunk=3), plasticity(cap, n_pairs=64, head_chunk=1)]
+    finally:
+        torch.set_num_threads(before)
+    for part in apart:
+        for name, var in part.data_vars.items():
+            if var.dtype.kind == "f":
+                np.testing.assert_allclose(m[name].values, var.values, rtol=1e-10, atol=1e-12, err_msg=name)
+            else:
+                np.testing.assert_array_equal(m[name].values, var.values, err_msg=name)

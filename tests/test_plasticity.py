@@ -211,14 +211,14 @@ def test_pair_statistics_reproduce_ap_and_isolate_the_independence_assumption(ga
 @pytest.mark.parametrize("covariance", ["diagonal", "full", "joint"])
 def test_fast_closed_form_matches_the_materialising_reference(gaussian, covariance):
     """pair_closed_form never forms delta; the straightforward eqs. 4.11-4.14 on delta agree to rounding."""
-    from qkplast.plasticity import _layout, closed_form, closed_form_kernel, pair_moments
+    from qkplast.plasticity import closed_form, closed_form_kernel, pair_moments, plasticity_layout
 
     cap = gaussian[0]
     kw = {"covariance": covariance, "n_pairs": 64}
     if covariance == "joint":
         kw["positional_fit"] = "per_bucket"
     opt = AnalysisOptions(**kw)
-    lay = _layout(cap, opt, torch.device("cpu"), warn=False)
+    lay = plasticity_layout(cap, opt, torch.device("cpu"), warn=False)
     q, k = torch.as_tensor(cap.q.values), torch.as_tensor(cap.k.values)
     qr, kr, model, pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, opt)
     delta = kr[:, lay.pi] - kr[:, lay.pj]
@@ -248,10 +248,10 @@ def test_prefix_pair_weights_follow_definition_4_3(gaussian):
     uni, pre = run(cap, n_pairs=64), run(cap, n_pairs=64, pair_weight="prefix")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from qkplast.plasticity import _layout, closed_form
+        from qkplast.plasticity import closed_form, plasticity_layout
 
         opt = AnalysisOptions(n_pairs=64)
-        lay = _layout(cap, opt, torch.device("cpu"), warn=False)
+        lay = plasticity_layout(cap, opt, torch.device("cpu"), warn=False)
         pp = closed_form(torch.as_tensor(cap.q.values), torch.as_tensor(cap.k.values), lay.t, lay.onehot, lay.tau,
                          lay.pi, lay.pj, opt)[3].numpy()
     want = np.nansum(pp[:, b] * w[b], -1) / w[b].sum()

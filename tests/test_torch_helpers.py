@@ -1,0 +1,62 @@
+"""Chunks of heads spread over the CPU's cores (qkplast._torch.map_head_chunks)."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from qkplast._torch import head_chunks, map_head_chunks
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_results_keep_the_order_of_the_chunks_and_workers_are_single_threaded(two_threads):
+    seen = []
+
+    def fn(sl):
+        seen.append((threading.get_ident(), torch.get_num_threads()))
+        time.sleep(0.02)  # long enough that the second worker takes chunks too
+        return list(range(sl.start, sl.stop))
+
+    out = map_head_chunks(fn, 23, 3, CPU)
+    assert [i for part in out for i in part] == list(range(23))
+    assert len({ident for ident, _ in seen}) == 2  # two workers shared the chunks
+    assert {n for _, n in seen} == {1}
+    assert torch.get_num_threads() == 2  # restored for the caller
+
+
+def test_few_chunks_are_split_so_every_core_works(two_threads):
+    sizes = [sl.stop - sl.start for sl in map_head_chunks(lambda sl: sl, 10, 10, CPU)]
+    assert sum(sizes) == 10 and len(sizes) >= 2
+
+
+def test_an_error_in_a_chunk_is_raised_and_threads_are_restored(two_threads):
+    def fn(sl):
+        if sl.start >= 6:
+            raise ValueError(f"chunk at {sl.start}")
+        return sl
+
+    with pytest.raises(ValueError, match="chunk at"):
+        map_head_chunks(fn, 12, 2, CPU)
+    assert torch.get_num_threads() == 2
+
+
+def test_nested_calls_and_one_thread_run_in_order(two_threads):
+    def outer(sl):
+        return map_head_chunks(lambda inner: threading.get_ident(), 4, 1, CPU)
+
+    for idents in map_head_chunks(outer, 4, 2, CPU):
+        assert len(set(idents)) == 1  # inside a worker: no second pool
+    torch.set_num_threads(1)
+    main = threading.get_ident()
+    assert map_head_chunks(lambda sl: threading.get_ident(), 8, 2, CPU) == [main] * 4
+    assert list(head_chunks(5, 2)) == [slice(0, 2), slice(2, 4), slice(4, 5)]
