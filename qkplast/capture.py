@@ -129,21 +129,39 @@ def capture(
     store = PartStore(out, _manifest(options, info, corpus), overwrite)
     stats = WindowStats()
     windows = iter_windows(corpus, tokenizer, options.seq_len, short_docs=options.short_docs, stats=stats)
+    last = None  # the last window's piece goes straight into the capture file, its part only if that fails
     with capturer, _bar(options.docs, "doc", "capture", progress) as overall:
         pieces = []
         for index, window in enumerate(itertools.islice(windows, options.docs)):
             piece = store.load(index, window.doc_id)
             if piece is None:
                 piece = _capture_window(capturer, window, options, progress)
-                store.save(index, piece)
+                if options.docs is None or index < options.docs - 1:
+                    store.save(index, piece)
+                else:
+                    last = (index, piece)
             pieces.append(piece)
             overall.update(1)
     ds = _combine(pieces, options, stats, store)
     ds.attrs = _capture_attrs(options, info, capturer, corpus, stats, pieces)
     if out is not None:
-        save_capture(ds, out, overwrite=overwrite)
-        store.remove()
+        _write(ds, out, overwrite, store, last)
     return ds
+
+
+def _write(ds: xr.Dataset, out: Path, overwrite: bool, store: PartStore, last) -> None:
+    """The capture file, then the parts removed; if the file cannot be written, the last window's part is
+    written (when it can be) so that a rerun recomputes nothing, and the error is raised."""
+    try:
+        save_capture(ds, out, overwrite=overwrite)
+    except BaseException:
+        if last is not None:
+            try:
+                store.save(*last)
+            except OSError:
+                pass  # the file's own error, raised below, is the one to report
+        raise
+    store.remove()
 
 
 def _bar(total, unit: str, desc: str, progress: bool, **kwargs):

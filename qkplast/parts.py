@@ -7,7 +7,11 @@ manifest reuses the parts and continues; a different manifest is refused
 unless ``overwrite``. ``OUT`` is written atomically at the end
 (:func:`qkplast.io.save_capture`), then the parts are removed; an existing
 ``OUT`` is never replaced without ``overwrite``. A run that fails (an error,
-NaN in a vector, a kill) leaves the parts of the documents it finished.
+NaN in a vector, a kill) leaves the parts of the documents it finished. The
+last document goes straight into ``OUT`` (its part would be written only to
+be deleted a moment later); if ``OUT`` cannot be written, its part is written
+then, so a rerun recomputes nothing. Only a kill during that final write
+costs the last document again.
 """
 
 from __future__ import annotations

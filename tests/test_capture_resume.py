@@ -120,6 +120,17 @@ def test_resume_reuses_every_part_including_documents_without_samples(model_dir,
     assert not parts.exists()
 
 
+def test_the_last_document_goes_straight_into_the_capture_file(model_dir, tmp_path, monkeypatch, reference):
+    """Its part would be deleted right after being written: on success only the other documents get one."""
+    from qkplast.parts import PartStore
+
+    written = []
+    save = PartStore.save
+    monkeypatch.setattr(PartStore, "save", lambda self, index, piece: (written.append(index), save(self, index, piece)))
+    _assert_same_capture(_run(model_dir, tmp_path / "cap.nc"), reference)
+    assert written == list(range(ARGS["docs"] - 1))
+
+
 def test_parts_from_other_arguments_are_refused(model_dir, tmp_path):
     out = tmp_path / "cap.nc"
     parts = tmp_path / "cap.nc.parts"
