@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 
-
 @dataclass
 class CloudMoments:
     """Moments of ``n`` queries and ``n`` keys per head, captured at the same positions ``t``.
@@ -97,9 +96,9 @@ def cloud_moments(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor, *, scatter:
     mean_q, mean_k = weights @ qc, weights @ kc  # [head, dim]
     qc -= mean_q[:, None]
     kc -= mean_k[:, None]
+    gram = (lambda x: x.transpose(1, 2) @ x) if scatter else (lambda x: None)  # [head, dim, dim]
     return CloudMoments(
         n=n, mean_q=mean_q, mean_k=mean_k, centred_q=qc, centred_k=kc,
         cross_q=tc @ qc, cross_k=tc @ kc,  # [head, dim]
-        scatter_q=qc.transpose(1, 2) @ qc if scatter else None, scatter_k=kc.transpose(1, 2) @ kc if scatter else None,
-        t_centred=tc, stt=tc @ tc,
+        scatter_q=gram(qc), scatter_k=gram(kc), t_centred=tc, stt=tc @ tc,
     )
