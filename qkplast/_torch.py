@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -69,13 +70,19 @@ def map_head_chunks(fn: Callable[[slice], T], n_head: int, chunk: int, device: t
     """
     slices = list(head_chunks(n_head, chunk))
     workers = min(torch.get_num_threads(), n_head) if device.type == "cpu" else 1
-    if workers <= 1 or getattr(_worker, "active", False):
+    if getattr(_worker, "active", False):
         return [fn(s) for s in slices]
+    if workers <= 1:
+        _worker.scratch = {}
+        try:
+            return [fn(s) for s in slices]
+        finally:
+            del _worker.scratch
     if len(slices) < 2 * workers:  # too few chunks to keep every core busy: split them finer
         slices = list(head_chunks(n_head, -(-n_head // (2 * workers))))
 
     def start_worker():
-        _worker.active = True
+        _worker.active, _worker.scratch = True, {}
         torch.set_num_threads(1)
 
     before = torch.get_num_threads()
@@ -84,6 +91,28 @@ def map_head_chunks(fn: Callable[[slice], T], n_head: int, chunk: int, device: t
             return list(pool.map(fn, slices))
     finally:
         torch.set_num_threads(before)  # a worker's setting also reaches the process-wide BLAS
+
+
+def scratch(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor of ``shape`` (``like``'s dtype and device), reused chunk after chunk.
+
+    Inside :func:`map_head_chunks` each thread keeps one tensor per name for
+    as long as the map runs, so the analyses' largest temporaries (the key-pair
+    differences are megabytes per head) are allocated once, not once per
+    chunk: each fresh allocation of that size costs a page fault per 4 KB
+    page, and worker threads' malloc arenas give such memory back to the
+    system after every chunk. A result written to it is valid until the same
+    thread asks for the same name again. Outside a map it is a plain
+    ``torch.empty``.
+    """
+    cache = getattr(_worker, "scratch", None)
+    if cache is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    key = (name, like.dtype, like.device)
+    buf = cache.get(key)
+    if buf is None or buf.numel() < math.prod(shape):
+        buf = cache[key] = torch.empty(math.prod(shape), dtype=like.dtype, device=like.device)
+    return buf[: math.prod(shape)].view(shape)
 
 
 def head_vectors(capture, sl: slice, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

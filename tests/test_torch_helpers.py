@@ -60,3 +60,18 @@ def test_nested_calls_and_one_thread_run_in_order(two_threads):
     main = threading.get_ident()
     assert map_head_chunks(lambda sl: threading.get_ident(), 8, 2, CPU) == [main] * 4
     assert list(head_chunks(5, 2)) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+
+
+def test_scratch_is_reused_within_a_map_and_fresh_outside(two_threads):
+    from qkplast._torch import scratch
+
+    like = torch.zeros(1, dtype=torch.float64)
+    assert scratch("x", (3, 4), like).data_ptr() != scratch("x", (3, 4), like).data_ptr()  # outside: plain empty
+
+    def fn(sl):
+        a = scratch("x", (4, 5), like)
+        b = scratch("x", (2, 5), like)  # smaller: a view of the same storage
+        c = scratch("y", (4, 5), like)
+        return a.data_ptr() == b.data_ptr() != c.data_ptr(), tuple(b.shape), b.dtype
+
+    assert set(map_head_chunks(fn, 8, 1, CPU)) == {(True, (2, 5), torch.float64)}
