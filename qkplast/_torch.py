@@ -39,9 +39,15 @@ def to_numpy(x: torch.Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()
 
 
-def auto_chunk(bytes_per_head: float, device: torch.device) -> int:
-    """Heads per chunk so the largest temporary stays near 16 MB (CPU) or 1 GB (GPU)."""
-    budget = 2**30 if device.type == "cuda" else 16 * 2**20
+def auto_chunk(bytes_per_head: float, device: torch.device, cpu_mb: int = 16) -> int:
+    """Heads per chunk so the largest temporary stays near ``cpu_mb`` MB (CPU) or 1 GB (GPU).
+
+    16 MB keeps freshly allocated temporaries below glibc's largest mmap
+    threshold, so their memory is reused instead of mapped and zero-filled
+    afresh; kernels whose large temporaries are :func:`scratch` buffers can
+    afford more.
+    """
+    budget = 2**30 if device.type == "cuda" else cpu_mb * 2**20
     return max(1, int(budget // max(bytes_per_head, 1)))
 
 

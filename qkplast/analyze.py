@@ -32,7 +32,9 @@ def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset
         m = cloud_moments(*head_vectors(capture, sl, dev), lay.t)
         return pca_from_moments(m), rotation_from_moments(m), plasticity_kernel(m, lay, opt)
 
-    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev)
+    # the largest temporaries are per-thread scratch buffers (reused chunk after chunk), so chunks can be larger
+    # than the 16 MB default: fewer, larger operations (measured fastest near 64 MB, benchmarks/bench_plasticity.py)
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev, cpu_mb=64)
     pca_parts, rotation_parts, plasticity_parts = zip(*map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))
     return [
         pca_dataset(list(pca_parts), opt.taxonomy_low, opt.taxonomy_high),

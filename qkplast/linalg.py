@@ -44,8 +44,10 @@ def householder_apply(u: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """
     uu = (u * u).sum(-1)  # [head]
     scale = torch.where(uu > 0, 2.0 / torch.where(uu > 0, uu, torch.ones_like(uu)), torch.zeros_like(uu))
-    proj = torch.einsum("hsd,hd->hs", y, u)  # [head, sample]
-    return y - (scale[:, None] * proj)[..., None] * u[:, None, :]
+    # products and a sum for the projections, then one rank-1 update per head: y is read twice and written
+    # once (a batched matrix-vector product and a separate outer product are each several times slower on the CPU)
+    proj = (y * (scale[:, None] * u)[:, None, :]).sum(-1, keepdim=True)  # [head, sample, 1]
+    return torch.baddbmm(y, proj, u[:, None, :], alpha=-1.0)  # [head, sample, dim]
 
 
 def householder_matrix(u: torch.Tensor) -> torch.Tensor:

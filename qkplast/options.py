@@ -113,7 +113,9 @@ class AnalysisOptions:
         temporary (the key differences, ``[head, bucket, pair, dim]``) stays near
         16 MB on the CPU, below glibc's largest mmap threshold, so buffers are
         reused instead of being mapped and zero-filled afresh (measured 2-4x
-        faster than 32-head chunks here), and near 1 GB on a GPU.
+        faster than 32-head chunks here), and near 1 GB on a GPU. The thesis
+        metrics of :func:`qkplast.analyze` and :func:`qkplast.plasticity.plasticity`
+        keep those temporaries in per-thread scratch buffers and use 64 MB.
 
     Added later (plasticity, section 4.4)
     -------------------------------------

@@ -344,14 +344,50 @@ def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor
     # Padding rows are zeroed, so their score is exactly 0 and their sign adds nothing: with s = sum of signs
     # over the bucket's n queries, p = (#wins + #ties / 2) / n = (s / n + 1) / 2, one reduction and no mask pass.
     qb = qr[:, qidx] * qmask[None, :, :, None].to(qr.dtype)  # [head, bucket, n_max, dim]
-    n = qmask.sum(1).to(qr.dtype)[None, :, None]  # [1, bucket, 1]
     # one batched product; [.., pair, query] so that the sum over queries runs along contiguous memory
     score = torch.matmul(delta, qb.transpose(-1, -2), out=scratch("scores", (*delta.shape[:-1], qb.shape[-2]), delta))
-    p = (torch.sign(score, out=score).sum(-1) / n.clamp_min(1) + 1) / 2  # [head, bucket, pair]
+    return _from_sign_sums(torch.sign(score, out=score).sum(-1), qmask, unbiased)
+
+
+def _from_sign_sums(signs: torch.Tensor, qmask: torch.Tensor, unbiased: bool) -> torch.Tensor:
+    """``4 p (1 - p)`` (times ``n / (n - 1)`` when ``unbiased``) from the sums of score signs over each bucket's
+    ``n`` queries ``[head, bucket, pair]``: ``p = (s / n + 1) / 2`` counts a tie as half a win; NaN where n < 2."""
+    n = qmask.sum(1).to(signs.dtype)[None, :, None]  # [1, bucket, 1]
+    p = (signs / n.clamp_min(1) + 1) / 2  # [head, bucket, pair]
     pp = 4 * p * (1 - p)
     if unbiased:
         pp = pp * n / (n - 1).clamp_min(1)
     return torch.where(n >= 2, pp, torch.full_like(pp, float("nan")))
+
+
+def pair_kernel(qr: torch.Tensor, delta: torch.Tensor, model: QueryModel, qidx: torch.Tensor, qmask: torch.Tensor,
+                unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Closed-form and Monte Carlo pairwise plasticity ``[head, bucket, pair]`` of a diagonal query model.
+
+    The values of :func:`closed_form_kernel` and :func:`monte_carlo_kernel` on
+    the key differences ``delta`` ``[head, bucket, pair, dim]`` (the closed
+    form to rounding, the Monte Carlo signs exactly) with two passes over
+    ``delta`` fewer: the model's bucket mean ``m_b`` joins the bucket's queries
+    as one more column of the Monte Carlo product, so ``mu = delta^T m_b``
+    (eq. 4.11) comes with the scores.
+    """
+    if model.full:
+        raise ValueError("pair_kernel needs a diagonal query model; closed_form_kernel handles the full covariance")
+    h, n_bucket, n_pair, dim = delta.shape
+    n_max = qidx.shape[1]
+    # each bucket's queries (padding rows zero) and, as a last row, the model mean: [head, bucket, n_max + 1, dim]
+    rows = torch.cat([qidx, qidx[:, :1]], 1).reshape(-1)  # [bucket * (n_max + 1)], the last row a placeholder
+    keep = torch.cat([qmask, torch.zeros_like(qmask[:, :1])], 1).to(qr.dtype)  # [bucket, n_max + 1]
+    cols = scratch("query_rows", (h, n_bucket * (n_max + 1), dim), qr)
+    cols = torch.index_select(qr, 1, rows, out=cols).view(h, n_bucket, n_max + 1, dim).mul_(keep[None, :, :, None])
+    cols[:, :, n_max] = model.mean
+    score = torch.matmul(delta, cols.transpose(-1, -2),
+                         out=scratch("scores", (h, n_bucket, n_pair, n_max + 1), delta))  # [head, bucket, pair, n_max + 1]
+    mu = score[..., n_max].clone()  # [head, bucket, pair], eq. 4.11
+    signs = torch.sign(score, out=score)[..., :n_max].sum(-1)  # [head, bucket, pair]; padding scores are exactly 0
+    work = scratch("closed_form", tuple(delta.shape), delta)  # [head, bucket, pair, dim]
+    var = torch.mul(delta, delta, out=work).mul_(model.cov[:, :, None]).sum(-1)  # [head, bucket, pair], eq. 4.12
+    return pairwise_plasticity(mu, var), _from_sign_sums(signs, qmask, unbiased)
 
 
 def pair_monte_carlo(qr: torch.Tensor, kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor, qidx: torch.Tensor,
@@ -584,8 +620,11 @@ def plasticity_kernel(m: CloudMoments, lay: _Layout, opt: AnalysisOptions) -> Pl
     # The Monte Carlo signs need every pair's difference vector; once it exists, eqs. 4.11-4.14 on it are
     # cheaper than the delta-free pair_closed_form (used where no Monte Carlo runs).
     delta = pair_differences(householder_apply(u, m.centred_k), lay.pi, lay.pj)  # [head, bucket, pair, dim]
-    pp = closed_form_kernel(delta, model)
-    pp_mc = monte_carlo_kernel(qr, delta, lay.qidx, lay.qmask, opt.mc_unbiased)
+    if model.full:
+        pp = closed_form_kernel(delta, model)
+        pp_mc = monte_carlo_kernel(qr, delta, lay.qidx, lay.qmask, opt.mc_unbiased)
+    else:
+        pp, pp_mc = pair_kernel(qr, delta, model, lay.qidx, lay.qmask, opt.mc_unbiased)
     map_sum, map_count = _map_sums(pp, lay)
     return PlasticityChunk(
         ap=weighted_pair_mean(pp, lay.pweight), ap_mc=weighted_pair_mean(pp_mc, lay.pweight),
@@ -618,7 +657,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     dev = resolve_device(opt.device)
     lay = plasticity_layout(capture, opt, dev, warn=True)
-    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev)
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev, cpu_mb=64)
     kernel = lambda sl: plasticity_kernel(  # noqa: E731
         cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt)
     return plasticity_dataset(map_head_chunks(kernel, capture.sizes["head"], chunk, dev), lay,

@@ -234,6 +234,34 @@ def test_fast_closed_form_matches_the_materialising_reference(gaussian, covarian
     np.testing.assert_allclose(var[:, 3, 0].numpy(), exact.numpy(), rtol=1e-9)
 
 
+def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_buckets():
+    """analyze()'s fused kernel: closed form to rounding, Monte Carlo signs exactly, ties (identical keys) half."""
+    from qkplast.plasticity import (closed_form_kernel, monte_carlo_kernel, pair_differences, pair_kernel,
+                                    plasticity_layout, query_model, rotate)
+
+    cap, _ = planted_capture(n_heads=3, dim=16, n_docs=8, samples_per_bucket=6, seed=4)
+    cap = cap.isel(sample=np.flatnonzero(np.arange(cap.sizes["sample"]) % 7 != 3))  # uneven buckets: padding rows
+    opt = AnalysisOptions(n_pairs=64)
+    lay = plasticity_layout(cap, opt, torch.device("cpu"), warn=False)
+    assert not bool(lay.qmask.all())
+    q, k = torch.as_tensor(cap.q.values, dtype=torch.float64), torch.as_tensor(cap.k.values, dtype=torch.float64)
+    _, qr, kr = rotate(q, k, lay.t)
+    kr[:, lay.pj[5, 0]] = kr[:, lay.pi[5, 0]]  # one pair of identical keys: every score of it is an exact tie
+    model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
+    delta = pair_differences(kr, lay.pi, lay.pj).clone()
+    want_pp, want_mc = closed_form_kernel(delta, model).clone(), monte_carlo_kernel(qr, delta, lay.qidx, lay.qmask)
+    pp, mc = pair_kernel(qr, delta, model, lay.qidx, lay.qmask)
+    ok = lay.pvalid.expand_as(pp) & ~torch.isnan(want_pp)
+    np.testing.assert_allclose(pp[ok].numpy(), want_pp[ok].numpy(), rtol=1e-11, atol=1e-15)
+    assert torch.equal(torch.isnan(pp), torch.isnan(want_pp))
+    assert torch.equal(torch.nan_to_num(mc, nan=-1.0), torch.nan_to_num(want_mc, nan=-1.0))
+    n = lay.qmask[5].sum().item()
+    np.testing.assert_allclose(mc[:, 5, 0].numpy(), n / (n - 1))  # p = 1/2 exactly: 4 p (1 - p) = 1, unbiased
+    with pytest.raises(ValueError, match="diagonal"):
+        pair_kernel(qr, delta, query_model(qr, lay.t, lay.onehot, lay.tau, AnalysisOptions(covariance="full")),
+                    lay.qidx, lay.qmask)
+
+
 def test_prefix_pair_weights_follow_definition_4_3(gaussian):
     from qkplast.plasticity import pair_weights
 
