@@ -32,7 +32,7 @@ import warnings
 
 import torch
 
-from qkplast._torch import auto_chunk, map_head_chunks
+from qkplast._torch import SCRATCH_CPU_MB, auto_chunk, map_head_chunks
 from qkplast.analyze import analyze
 from qkplast.options import AnalysisOptions
 from qkplast.pca import pca
@@ -76,7 +76,7 @@ def dense_floor(q, k, lay):
         qb = qc[:, lay.qidx]  # [head, bucket, n_max, dim]
         return torch.matmul(delta.expand(qb.shape[0], -1, -1, -1), qb.transpose(-1, -2)).shape
 
-    return map_head_chunks(one_chunk, q.shape[0], auto_chunk(8 * n_bucket * n_pair * (3 * q.shape[-1] + n_max), q.device, 64),
+    return map_head_chunks(one_chunk, q.shape[0], auto_chunk(8 * n_bucket * n_pair * (3 * q.shape[-1] + n_max), q.device, SCRATCH_CPU_MB),
                            q.device)
 
 

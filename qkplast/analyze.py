@@ -8,7 +8,7 @@ from . import __version__
 from .io import validate_capture
 from .open_questions import open_questions
 from .options import AnalysisOptions
-from ._torch import auto_chunk, head_vectors, map_head_chunks, resolve_device
+from ._torch import SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device
 from .moments import cloud_moments
 from .pca import pca_dataset, pca_from_moments
 from .plasticity import bytes_per_head, plasticity_dataset, plasticity_kernel, plasticity_layout
@@ -32,9 +32,8 @@ def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset
         m = cloud_moments(*head_vectors(capture, sl, dev), lay.t)
         return pca_from_moments(m), rotation_from_moments(m), plasticity_kernel(m, lay, opt)
 
-    # the largest temporaries are per-thread scratch buffers (reused chunk after chunk), so chunks can be larger
-    # than the 16 MB default: fewer, larger operations (measured fastest near 64 MB, benchmarks/bench_plasticity.py)
-    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev, cpu_mb=64)
+    # the largest temporaries are per-thread scratch buffers, so chunks can be larger than the 16 MB default
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev, SCRATCH_CPU_MB)
     pca_parts, rotation_parts, plasticity_parts = zip(*map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))
     return [
         pca_dataset(list(pca_parts), opt.taxonomy_low, opt.taxonomy_high),

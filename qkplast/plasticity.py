@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, scratch, to_numpy
+from ._torch import SCRATCH_CPU_MB, as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, scratch, to_numpy
 from .linalg import householder_apply, householder_vector
 from .moments import CloudMoments, cloud_moments
 from .options import AnalysisOptions
@@ -657,7 +657,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     dev = resolve_device(opt.device)
     lay = plasticity_layout(capture, opt, dev, warn=True)
-    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev, cpu_mb=64)
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev, SCRATCH_CPU_MB)
     kernel = lambda sl: plasticity_kernel(  # noqa: E731
         cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt)
     return plasticity_dataset(map_head_chunks(kernel, capture.sizes["head"], chunk, dev), lay,
