@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 import xarray as xr
 
 from . import __version__
-from .io import validate_capture
+from .io import check_finite_vectors, validate_capture
 from .open_questions import open_questions
 from .options import AnalysisOptions
 from ._torch import SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device
@@ -30,10 +31,12 @@ def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset
 
     def one_chunk(sl: slice):
         m = cloud_moments(*head_vectors(capture, sl, dev), lay.t)
+        if not bool(torch.isfinite(m.mean_q).all() & torch.isfinite(m.mean_k).all()):
+            check_finite_vectors(capture, sl)  # a NaN or Inf anywhere in a head reaches its mean
         return pca_from_moments(m), rotation_from_moments(m), plasticity_kernel(m, lay, opt)
 
     # the largest temporaries are per-thread scratch buffers, so chunks can be larger than the 16 MB default
-    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev, SCRATCH_CPU_MB)
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, SCRATCH_CPU_MB)
     pca_parts, rotation_parts, plasticity_parts = zip(*map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))
     return [
         pca_dataset(list(pca_parts), opt.taxonomy_low, opt.taxonomy_high),
@@ -75,7 +78,8 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
         capture's attrs and the qkplast version.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
-    validate_capture(capture)
+    # NaN and Inf are found chunk by chunk, in parallel, through the clouds' means (thesis_metrics)
+    validate_capture(capture, check_finite=False)
     out = xr.merge(thesis_metrics(capture, opt), compat="no_conflicts", combine_attrs="drop")
     if opt.open_questions:  # beyond the thesis: listwise plasticity and the AP_drop decomposition
         out = out.merge(open_questions(capture, opt, out), compat="no_conflicts", combine_attrs="drop")

@@ -140,15 +140,22 @@ def validate_capture(ds: xr.Dataset, *, check_finite: bool = True) -> xr.Dataset
     if np.unique(pairs, axis=0).shape[0] != n_head:
         raise CaptureError("the same (layer, q_head) appears more than once on 'head'")
     if check_finite:
-        for name in ("q", "k"):
-            finite = np.isfinite(ds[name].values).all(axis=-1)  # [head, sample]
-            if not finite.all():
-                h, s = np.argwhere(~finite)[0]
-                raise CaptureError(
-                    f"{name!r} has NaN or Inf in {int((~finite).sum())} vectors; first at {_head_label(ds, int(h))}, "
-                    f"sample {int(s)} (doc {str(ds['doc'].values[s])!r}, position {int(pos[s])})"
-                )
+        check_finite_vectors(ds)
     return ds
+
+
+def check_finite_vectors(ds: xr.Dataset, heads: slice = slice(None)) -> None:
+    """Raise :class:`CaptureError` naming the first query or key vector of ``heads`` that holds NaN or Inf."""
+    pos = ds["position"].values
+    first = heads.start or 0
+    for name in ("q", "k"):
+        finite = np.isfinite(ds[name].values[heads]).all(axis=-1)  # [head, sample]
+        if not finite.all():
+            h, s = np.argwhere(~finite)[0]
+            raise CaptureError(
+                f"{name!r} has NaN or Inf in {int((~finite).sum())} vectors; first at {_head_label(ds, first + int(h))}, "
+                f"sample {int(s)} (doc {str(ds['doc'].values[s])!r}, position {int(pos[s])})"
+            )
 
 
 def _json_attrs(attrs: dict) -> str:

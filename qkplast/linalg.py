@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ._torch import matmul
+
 
 def householder_vector(x: torch.Tensor) -> torch.Tensor:
     """Vector ``u`` with ``(I - 2 u u^T/||u||^2) x = ||x|| e1``, computed without cancellation.
@@ -37,17 +39,18 @@ def householder_vector(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([first[..., None], x[..., 1:]], dim=-1)
 
 
-def householder_apply(u: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def householder_apply(u: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Apply ``H = I - 2 u u^T/||u||^2`` to the rows of ``y`` without forming H.
 
     ``u`` is ``[head, dim]``, ``y`` is ``[head, sample, dim]``; a zero ``u`` means H = I.
+    ``out`` (may be ``y`` itself) receives the result.
     """
     uu = (u * u).sum(-1)  # [head]
     scale = torch.where(uu > 0, 2.0 / torch.where(uu > 0, uu, torch.ones_like(uu)), torch.zeros_like(uu))
-    # products and a sum for the projections, then one rank-1 update per head: y is read twice and written
-    # once (a batched matrix-vector product and a separate outer product are each several times slower on the CPU)
-    proj = (y * (scale[:, None] * u)[:, None, :]).sum(-1, keepdim=True)  # [head, sample, 1]
-    return torch.baddbmm(y, proj, u[:, None, :], alpha=-1.0)  # [head, sample, dim]
+    # one matrix-vector product for the projections, then a fused multiply-add with the broadcast u: y is read
+    # twice and written once (a product and a sum, or a batched rank-1 update, take twice as long on the CPU)
+    proj = matmul(y, (scale[:, None] * u)[..., None])  # [head, sample, 1]
+    return torch.addcmul(y, proj, u[:, None, :], value=-1.0, out=out)  # [head, sample, dim]
 
 
 def householder_matrix(u: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._torch import gram, matmul, scratch
+
 
 @dataclass
 class CloudMoments:
@@ -87,18 +89,20 @@ def cloud_moments(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor, *, scatter:
         Compute the ``[head, dim, dim]`` scatter matrices (PCA and the rotation
         model need them, plasticity does not). Two-pass: centred first, so no
         ``E[x x^T] - mean mean^T`` cancellation.
+
+    Inside :func:`qkplast._torch.map_head_chunks` the centred clouds are
+    per-thread scratch buffers (:func:`qkplast._torch.scratch`), valid until the
+    same thread's next call.
     """
     n = q.shape[1]
     tc = t - t.mean()  # [sample]
-    weights = torch.full((n,), 1.0 / n, dtype=torch.float64, device=q.device)  # a product reads each row once
-    # copies (the conversion is one anyway): the clouds are centred in place, never the caller's tensors
-    qc, kc = q.to(torch.float64, copy=True), k.to(torch.float64, copy=True)  # [head, sample, dim]
-    mean_q, mean_k = weights @ qc, weights @ kc  # [head, dim]
-    qc -= mean_q[:, None]
-    kc -= mean_k[:, None]
-    gram = (lambda x: x.transpose(1, 2) @ x) if scatter else (lambda x: None)  # [head, dim, dim]
+    mean_q, mean_k = (x.sum(1, dtype=torch.float64) / n for x in (q, k))  # [head, dim]
+    # converted and centred in one pass, into new tensors: never the caller's
+    qc, kc = (torch.sub(x, mean[:, None], out=scratch(name, tuple(x.shape), x, torch.float64))
+              for name, x, mean in (("centred_q", q, mean_q), ("centred_k", k, mean_k)))  # [head, sample, dim]
+    scatter_of = gram if scatter else (lambda x: None)  # [head, dim, dim]
     return CloudMoments(
         n=n, mean_q=mean_q, mean_k=mean_k, centred_q=qc, centred_k=kc,
-        cross_q=tc @ qc, cross_k=tc @ kc,  # [head, dim]
-        scatter_q=gram(qc), scatter_k=gram(kc), t_centred=tc, stt=tc @ tc,
+        cross_q=matmul(tc, qc), cross_k=matmul(tc, kc),  # [head, dim]
+        scatter_q=scatter_of(qc), scatter_k=scatter_of(kc), t_centred=tc, stt=tc @ tc,
     )

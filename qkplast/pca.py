@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy
+from ._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device, to_numpy
 from .moments import CloudMoments, cloud_moments
 
 TAXONOMY = ("position-dominated", "q-positional", "content-focused", "mixed")
@@ -29,15 +29,16 @@ class PCAResult:
     components: torch.Tensor  # [head, pc, dim], sign-canonicalised
 
 
-def pooled_covariance(mean_q, cov_q, mean_k, cov_k, n: int) -> torch.Tensor:
+def pooled_covariance(mean_q, scatter_q, mean_k, scatter_k, n: int) -> torch.Tensor:
     """Covariance ``[head, dim, dim]`` of the pooled cloud of ``n`` queries and ``n`` keys from their own moments.
 
     Sums of squares about the pooled mean ``(mu_Q + mu_K)/2``:
-    ``(n-1)(C_Q + C_K) + (n/2) d d^T`` with ``d = mu_Q - mu_K``, over ``2n - 1``.
-    One Gram matrix per cloud instead of a third one of the pooled cloud.
+    ``S_Q + S_K + (n/2) d d^T`` with the clouds' scatter matrices ``S`` and
+    ``d = mu_Q - mu_K``, over ``2n - 1``. One Gram matrix per cloud instead of
+    a third one of the pooled cloud.
     """
     d = mean_q - mean_k  # [head, dim]
-    return ((n - 1) * (cov_q + cov_k) + 0.5 * n * d[:, :, None] * d[:, None, :]) / (2 * n - 1)
+    return torch.baddbmm(scatter_q + scatter_k, d[:, :, None], d[:, None, :], alpha=0.5 * n).div_(2 * n - 1)
 
 
 def pca_from_moments(m: CloudMoments) -> PCAResult:
@@ -51,14 +52,14 @@ def pca_from_moments(m: CloudMoments) -> PCAResult:
     with ``S`` the cloud's scatter matrix.
     """
     n = m.n
-    cov = pooled_covariance(m.mean_q, m.scatter_q / (n - 1), m.mean_k, m.scatter_k / (n - 1), n)
+    cov = pooled_covariance(m.mean_q, m.scatter_q, m.mean_k, m.scatter_k, n)
     evals, evecs = torch.linalg.eigh(cov)  # [head, pc], [head, dim, pc]
     evals, evecs = evals.flip(-1).clamp_min(0), evecs.flip(-1)  # descending
     evr = evals / evals.sum(-1, keepdim=True)  # [head, pc]
 
     def corr(cross, scatter):
-        num = (cross[:, None, :] @ evecs)[:, 0]  # [head, pc]
-        var = ((scatter @ evecs) * evecs).sum(1).clamp_min(0)  # [head, pc]: v^T S v per component
+        num = matmul(cross[:, None, :], evecs)[:, 0]  # [head, pc]
+        var = (matmul(scatter, evecs) * evecs).sum(1).clamp_min(0)  # [head, pc]: v^T S v per component
         den = torch.sqrt(var * m.stt)
         return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.full_like(num, float("nan")))
 

@@ -19,7 +19,9 @@ Pipeline per head, vectorised over heads, query buckets and key pairs:
    one weighted dot per pair (:func:`pair_moments`).
 5. Monte Carlo: for the same pairs, the fraction ``p`` of the bucket's captured
    queries with ``q^T k_i > q^T k_j`` (ties count one half), giving
-   ``4 p (1 - p)`` with no Gaussian assumption.
+   ``4 p (1 - p)`` with no Gaussian assumption. The signs come from a float32
+   product whose rounding bound certifies each one to be the float64 sign
+   (:mod:`qkplast.signs`).
 6. Aggregates of 4.4.5: ``ap`` per query bucket, ``ap_overall``,
    ``ap_first20``, ``ap_last20``, ``ap_drop``, the context profile, and the 2D
    map over inter-key distance and query-to-key-midpoint distance.
@@ -35,10 +37,12 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._torch import SCRATCH_CPU_MB, as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, scratch, to_numpy
+from ._torch import (SCRATCH_CPU_MB, as_f64, auto_chunk, head_chunks, head_vectors, map_head_chunks, matmul, resolve_device,
+                     scratch, to_numpy)
 from .linalg import householder_apply, householder_vector
 from .moments import CloudMoments, cloud_moments
 from .options import AnalysisOptions
+from .signs import sign_sums
 from .stats import slope
 
 
@@ -199,7 +203,8 @@ def query_model(qr: torch.Tensor, t: torch.Tensor, onehot: torch.Tensor, tau: to
     mean_b = qr.new_zeros(qr.shape[0], onehot.shape[0], qr.shape[-1]).index_add_(1, idx, qr)
     mean_b = mean_b / n.clamp_min(1)[:, None]  # [head, bucket, dim]
     # each sample minus the mean of its own bucket (two-pass variance, no E[x^2] - E[x]^2 cancellation)
-    resid = qr - mean_b[:, idx]  # [head, sample, dim]
+    resid = torch.index_select(mean_b, 1, idx, out=scratch("query_residuals", tuple(qr.shape), qr))
+    resid = torch.sub(qr, resid, out=resid)  # [head, sample, dim]
     full = options.covariance in ("full", "joint")
     if full:
         # one Gram matrix per bucket of that bucket's samples only (padded rows zero): h*s*d*d work, where a
@@ -208,7 +213,7 @@ def query_model(qr: torch.Tensor, t: torch.Tensor, onehot: torch.Tensor, tau: to
         r = resid[:, members] * present[None, :, :, None]  # [head, bucket, n_max, dim]
         cov_b = r.transpose(-1, -2) @ r / denom[:, None, None]  # [head, bucket, dim, dim]
     else:
-        cov_b = torch.zeros_like(mean_b).index_add_(1, idx, resid * resid) / denom[:, None]
+        cov_b = torch.zeros_like(mean_b).index_add_(1, idx, resid.mul_(resid)) / denom[:, None]
     if options.semantic_stats == "global":
         mean_g, cq = qr.mean(1), qr - qr.mean(1, keepdim=True)
         cov_g = cq.transpose(1, 2) @ cq / (qr.shape[1] - 1) if full else cq.var(1)
@@ -253,6 +258,17 @@ def closed_form_kernel(delta: torch.Tensor, model: QueryModel) -> torch.Tensor:
     else:
         var = torch.mul(delta, delta, out=work).mul_(model.cov[:, :, None]).sum(-1)  # eq. 4.12
     return pairwise_plasticity(mu, var)
+
+
+def weighted_square_sums(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``sum_d w[h, b, d] x[h, b, p, d]^2`` ``[head, bucket, pair]`` (eq. 4.12's ``v`` for ``x = delta``).
+
+    On the CPU numpy's ``einsum`` sums the products of its three operands in
+    one loop, reading ``x`` once and writing no temporary of its size.
+    """
+    if x.device.type != "cpu":
+        return torch.einsum("hbpd,hbpd,hbd->hbp", x, x, w)
+    return torch.from_numpy(np.einsum("hbpd,hbpd,hbd->hbp", x.numpy(), x.numpy(), w.numpy()))
 
 
 def pair_differences(kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor) -> torch.Tensor:
@@ -360,41 +376,44 @@ def _from_sign_sums(signs: torch.Tensor, qmask: torch.Tensor, unbiased: bool) ->
     return torch.where(n >= 2, pp, torch.full_like(pp, float("nan")))
 
 
-def pair_kernel(qr: torch.Tensor, delta: torch.Tensor, model: QueryModel, qidx: torch.Tensor, qmask: torch.Tensor,
-                unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_kernel(qr: torch.Tensor, kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor, model: QueryModel,
+                qidx: torch.Tensor, qmask: torch.Tensor, unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Closed-form and Monte Carlo pairwise plasticity ``[head, bucket, pair]`` of a diagonal query model.
 
     The values of :func:`closed_form_kernel` and :func:`monte_carlo_kernel` on
-    the key differences ``delta`` ``[head, bucket, pair, dim]`` (the closed
-    form to rounding, the Monte Carlo signs exactly) with two passes over
-    ``delta`` fewer: the model's bucket mean ``m_b`` joins the bucket's queries
-    as one more column of the Monte Carlo product, so ``mu = delta^T m_b``
-    (eq. 4.11) comes with the scores.
+    the key differences ``delta = kr[:, pi] - kr[:, pj]`` (the closed form to
+    rounding, the Monte Carlo signs as the float64 product gives them), with
+    ``mu`` (eq. 4.11) as one matrix-vector product, ``v`` (eq. 4.12) as one
+    weighted sum of squares (:func:`weighted_square_sums`), and the Monte
+    Carlo signs from a float32 product certified by a rounding bound
+    (:func:`qkplast.signs.sign_sums`).
     """
     if model.full:
         raise ValueError("pair_kernel needs a diagonal query model; closed_form_kernel handles the full covariance")
-    h, n_bucket, n_pair, dim = delta.shape
-    n_max = qidx.shape[1]
-    # each bucket's queries (padding rows zero) and, as a last row, the model mean: [head, bucket, n_max + 1, dim]
-    rows = torch.cat([qidx, qidx[:, :1]], 1).reshape(-1)  # [bucket * (n_max + 1)], the last row a placeholder
-    keep = torch.cat([qmask, torch.zeros_like(qmask[:, :1])], 1).to(qr.dtype)  # [bucket, n_max + 1]
-    cols = scratch("query_rows", (h, n_bucket * (n_max + 1), dim), qr)
-    cols = torch.index_select(qr, 1, rows, out=cols).view(h, n_bucket, n_max + 1, dim).mul_(keep[None, :, :, None])
-    cols[:, :, n_max] = model.mean
-    score = torch.matmul(delta, cols.transpose(-1, -2),
-                         out=scratch("scores", (h, n_bucket, n_pair, n_max + 1), delta))  # [head, bucket, pair, n_max + 1]
-    mu = score[..., n_max].clone()  # [head, bucket, pair], eq. 4.11
-    signs = torch.sign(score, out=score)[..., :n_max].sum(-1)  # [head, bucket, pair]; padding scores are exactly 0
-    work = scratch("closed_form", tuple(delta.shape), delta)  # [head, bucket, pair, dim]
-    var = torch.mul(delta, delta, out=work).mul_(model.cov[:, :, None]).sum(-1)  # [head, bucket, pair], eq. 4.12
-    return pairwise_plasticity(mu, var), _from_sign_sums(signs, qmask, unbiased)
+    blocks = list(head_chunks(qr.shape[0], pair_block_heads(pi.numel(), qr.shape[-1], qr.device)))
+    moments, signs = zip(*(_pair_block(qr[sl], kr[sl], pi, pj, model.mean[sl], model.cov[sl], qidx, qmask)
+                           for sl in blocks))
+    mu, var = (torch.cat(x) for x in zip(*moments))  # [head, bucket, pair]
+    return pairwise_plasticity(mu, var), _from_sign_sums(torch.cat(signs), qmask, unbiased)
 
 
-def pair_monte_carlo(qr: torch.Tensor, kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor, qidx: torch.Tensor,
-                     qmask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """:func:`monte_carlo_kernel` from rotated keys: the sign of ``q^T (k_i - k_j)`` needs the difference,
-    formed here per chunk of heads only."""
-    return monte_carlo_kernel(qr, pair_differences(kr, pi, pj), qidx, qmask, unbiased)
+#: bytes of one block's pair differences in :func:`pair_kernel` on the CPU: small enough that the passes over them
+#: (the closed form's two, the float32 copy) find them in cache; 1-head blocks of 4 MB ran the pair-level passes of
+#: the 300-head benchmark in 0.20 s against 0.36 s in 8-head blocks
+PAIR_BLOCK_CPU_BYTES = 4 * 2**20
+
+
+def pair_block_heads(n_pairs: int, dim: int, device: torch.device) -> int:
+    """Heads per block of :func:`pair_kernel`: every head at once on a GPU, about 4 MB of differences on the CPU."""
+    return 0 if device.type != "cpu" else max(1, PAIR_BLOCK_CPU_BYTES // (8 * n_pairs * dim))
+
+
+def _pair_block(qr, kr, pi, pj, mean, cov, qidx, qmask):
+    """``(mu, v)`` and the Monte Carlo sign sums ``[head, bucket, pair]`` of a block of heads (:func:`pair_kernel`)."""
+    delta = pair_differences(kr, pi, pj)  # [head, bucket, pair, dim]
+    mu = matmul(delta, mean[..., None])[..., 0]  # [head, bucket, pair], eq. 4.11
+    var = weighted_square_sums(delta, cov)  # [head, bucket, pair], eq. 4.12
+    return (mu, var), sign_sums(delta, qr, qidx, qmask)
 
 
 def closed_form(q, k, t, onehot, tau, pi, pj, options: AnalysisOptions):
@@ -482,18 +501,24 @@ def summarize_profile(ap: np.ndarray, tau: np.ndarray, width, counts, seq_len: i
     }
 
 
-def bytes_per_head(lay: "_Layout", dim: int, opt: AnalysisOptions, monte_carlo: bool) -> int:
-    """Largest temporaries per head: the pairs' gathered keys (and the Monte Carlo scores)."""
+def bytes_per_head(lay: "_Layout", dim: int, opt: AnalysisOptions, monte_carlo: bool,
+                   device: torch.device = torch.device("cpu")) -> int:
+    """Largest temporaries per head of a chunk: its clouds' float64 copies (centred, rotated, residuals) and,
+    unless :func:`pair_kernel` works through them in blocks of its own, the pairs' gathered keys (and the Monte
+    Carlo scores)."""
+    clouds = 8 * lay.t.numel() * dim * 6
+    if monte_carlo and opt.covariance == "diagonal" and pair_block_heads(lay.pi.numel(), dim, device):
+        return clouds
     n_bucket, n_pairs, n_max = len(lay.buckets), lay.pi.shape[1], lay.qidx.shape[1]
     per = 8 * n_bucket * n_pairs * (3 * dim + (n_max if monte_carlo else 0))
-    return per + (8 * n_bucket * dim * dim if opt.covariance != "diagonal" else 0)
+    return clouds + per + (8 * n_bucket * dim * dim if opt.covariance != "diagonal" else 0)
 
 
 def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.ndarray, "_Layout"]:
     """Closed-form plasticity ``[head, query_bucket]`` only: no Monte Carlo, no maps."""
     dev = resolve_device(options.device)
     lay = plasticity_layout(capture, options, dev, warn=False)
-    chunk = options.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], options, False), dev)
+    chunk = options.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], options, False, dev), dev)
 
     def one_chunk(sl: slice) -> torch.Tensor:
         q, k = (as_f64(x, dev) for x in head_vectors(capture, sl, dev))
@@ -615,16 +640,18 @@ def plasticity_kernel(m: CloudMoments, lay: _Layout, opt: AnalysisOptions) -> Pl
     if (torch.linalg.vector_norm(m.beta_q, dim=-1) == 0).any():
         raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
     u = householder_vector(m.beta_q)  # eq. 4.10
-    qr = householder_apply(u, m.centred_q + m.mean_q[:, None])  # [head, sample, dim]
+    qr = torch.add(m.centred_q, m.mean_q[:, None], out=scratch("rotated_q", tuple(m.centred_q.shape), m.centred_q))
+    qr = householder_apply(u, qr, out=qr)  # [head, sample, dim]
     model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
-    # The Monte Carlo signs need every pair's difference vector; once it exists, eqs. 4.11-4.14 on it are
-    # cheaper than the delta-free pair_closed_form (used where no Monte Carlo runs).
-    delta = pair_differences(householder_apply(u, m.centred_k), lay.pi, lay.pj)  # [head, bucket, pair, dim]
+    kr = householder_apply(u, m.centred_k, out=scratch("rotated_k", tuple(m.centred_k.shape), m.centred_k))
     if model.full:
+        # the Monte Carlo signs need every pair's difference vector; once it exists, eqs. 4.11-4.14 on it are
+        # cheaper than the delta-free pair_closed_form
+        delta = pair_differences(kr, lay.pi, lay.pj)  # [head, bucket, pair, dim]
         pp = closed_form_kernel(delta, model)
         pp_mc = monte_carlo_kernel(qr, delta, lay.qidx, lay.qmask, opt.mc_unbiased)
     else:
-        pp, pp_mc = pair_kernel(qr, delta, model, lay.qidx, lay.qmask, opt.mc_unbiased)
+        pp, pp_mc = pair_kernel(qr, kr, lay.pi, lay.pj, model, lay.qidx, lay.qmask, opt.mc_unbiased)
     map_sum, map_count = _map_sums(pp, lay)
     return PlasticityChunk(
         ap=weighted_pair_mean(pp, lay.pweight), ap_mc=weighted_pair_mean(pp_mc, lay.pweight),
@@ -657,7 +684,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     dev = resolve_device(opt.device)
     lay = plasticity_layout(capture, opt, dev, warn=True)
-    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True), dev, SCRATCH_CPU_MB)
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, SCRATCH_CPU_MB)
     kernel = lambda sl: plasticity_kernel(  # noqa: E731
         cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt)
     return plasticity_dataset(map_head_chunks(kernel, capture.sizes["head"], chunk, dev), lay,

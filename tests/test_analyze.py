@@ -71,6 +71,17 @@ def test_rejects_nan_capture(result):
         qkplast.analyze(cap.assign(q=(cap.q.dims, q)))
 
 
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_non_finite_keys_in_a_later_chunk_name_head_and_sample(result, value):
+    """analyze() finds NaN and Inf chunk by chunk (through the clouds' means): the message names the head of the
+    whole capture, not of the chunk."""
+    cap, _ = result
+    k = cap.k.values.copy()
+    k[4, 11, 3] = value
+    with pytest.raises(qkplast.CaptureError, match=r"'k' has NaN or Inf in 1 vectors; first at head 4 .*, sample 11"):
+        qkplast.analyze(cap.assign(k=(cap.k.dims, k)), head_chunk=1)
+
+
 def test_unknown_option(result):
     with pytest.raises(TypeError, match="unknown analysis option"):
         qkplast.analyze(result[0], bogus=1)

@@ -250,7 +250,7 @@ def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_bucke
     model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
     delta = pair_differences(kr, lay.pi, lay.pj).clone()
     want_pp, want_mc = closed_form_kernel(delta, model).clone(), monte_carlo_kernel(qr, delta, lay.qidx, lay.qmask)
-    pp, mc = pair_kernel(qr, delta, model, lay.qidx, lay.qmask)
+    pp, mc = pair_kernel(qr, kr, lay.pi, lay.pj, model, lay.qidx, lay.qmask)
     ok = lay.pvalid.expand_as(pp) & ~torch.isnan(want_pp)
     np.testing.assert_allclose(pp[ok].numpy(), want_pp[ok].numpy(), rtol=1e-11, atol=1e-15)
     assert torch.equal(torch.isnan(pp), torch.isnan(want_pp))
@@ -258,7 +258,7 @@ def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_bucke
     n = lay.qmask[5].sum().item()
     np.testing.assert_allclose(mc[:, 5, 0].numpy(), n / (n - 1))  # p = 1/2 exactly: 4 p (1 - p) = 1, unbiased
     with pytest.raises(ValueError, match="diagonal"):
-        pair_kernel(qr, delta, query_model(qr, lay.t, lay.onehot, lay.tau, AnalysisOptions(covariance="full")),
+        pair_kernel(qr, kr, lay.pi, lay.pj, query_model(qr, lay.t, lay.onehot, lay.tau, AnalysisOptions(covariance="full")),
                     lay.qidx, lay.qmask)
 
 

@@ -75,3 +75,51 @@ def test_scratch_is_reused_within_a_map_and_fresh_outside(two_threads):
         return a.data_ptr() == b.data_ptr() != c.data_ptr(), tuple(b.shape), b.dtype
 
     assert set(map_head_chunks(fn, 8, 1, CPU)) == {(True, (2, 5), torch.float64)}
+
+
+def test_scratch_keeps_one_buffer_per_dtype(two_threads):
+    from qkplast._torch import scratch
+
+    like = torch.zeros(1, dtype=torch.float64)
+
+    def fn(sl):
+        a, b = scratch("x", (4,), like), scratch("x", (4,), like, torch.float32)
+        return a.dtype, b.dtype, a.data_ptr() != b.data_ptr()
+
+    assert set(map_head_chunks(fn, 4, 1, CPU)) == {(torch.float64, torch.float32, True)}
+
+
+def test_matmul_through_numpy_equals_torch():
+    from qkplast._torch import gram, matmul
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 5, 7, 6, generator=gen, dtype=torch.float64)
+    b = torch.randn(3, 5, 6, 4, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(matmul(a, b), torch.matmul(a, b), rtol=1e-13, atol=0)
+    torch.testing.assert_close(matmul(a, b[..., :1]), torch.matmul(a, b[..., :1]), rtol=1e-13, atol=0)  # gemv
+    torch.testing.assert_close(matmul(b.transpose(-1, -2), a.transpose(-1, -2)),
+                               torch.matmul(b.transpose(-1, -2), a.transpose(-1, -2)), rtol=1e-13, atol=0)  # views
+    t, x = torch.randn(9, generator=gen, dtype=torch.float64), torch.randn(2, 9, 4, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(matmul(t, x), torch.matmul(t, x), rtol=1e-13, atol=0)  # 1-D @ batched: [2, 4]
+    out = torch.empty(3, 5, 7, 4, dtype=torch.float64)
+    assert matmul(a, b, out=out) is out and torch.equal(out, matmul(a, b))
+    f = a.float()
+    assert matmul(f, f.transpose(-1, -2)).dtype == torch.float32
+    g = gram(x)  # x^T x of one buffer: numpy's syrk
+    torch.testing.assert_close(g, x.transpose(1, 2) @ x, rtol=1e-13, atol=1e-15)
+    assert torch.equal(g, g.transpose(1, 2))
+
+
+def test_numpy_blas_runs_one_thread_per_worker_and_is_restored(two_threads):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        return {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
+
+    before = blas_threads()
+    assert before, "numpy's BLAS is not visible to threadpoolctl"
+    seen = map_head_chunks(lambda sl: blas_threads(), 8, 2, CPU)
+    assert all(s == {1} for s in seen)
+    assert blas_threads() == before
+    torch.set_num_threads(1)
+    assert map_head_chunks(lambda sl: blas_threads(), 4, 2, CPU) == [{1}, {1}]  # one torch thread: one BLAS thread
