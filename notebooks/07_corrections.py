@@ -33,7 +33,7 @@
 # %% tags=["parameters"]
 run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
 check_heads = 60  # heads used for the basis check (it runs the analysis four times)
-n_null = 200  # permutation replicates of every null on this page (the smallest p-value is 1/201)
+n_null = 1000  # permutation replicates of every null on this page (the smallest p-value is 1/1001)
 n_boot = 1000  # bootstrap replicates over documents for the intervals quoted here
 
 # %%
