@@ -156,6 +156,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     return out if out is not None else torch.from_numpy(result)
 
 
+def einsum(equation: str, *operands: torch.Tensor) -> torch.Tensor:
+    """``torch.einsum``; on the CPU numpy's, which sums the products of all its operands in one loop: a sum of
+    products such as ``"...d,...d->..."`` reads its operands once and writes no temporary of their size."""
+    if operands[0].device.type != "cpu":
+        return torch.einsum(equation, *operands)
+    return torch.from_numpy(np.einsum(equation, *(x.numpy() for x in operands)))
+
+
 def gram(x: torch.Tensor) -> torch.Tensor:
     """``x^T x`` ``[..., dim, dim]`` of ``x`` ``[..., sample, dim]`` (a scatter matrix when ``x`` is centred)."""
     return matmul(x.transpose(-1, -2), x)

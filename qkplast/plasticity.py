@@ -37,12 +37,12 @@ import numpy as np
 import torch
 import xarray as xr
 
-from ._torch import (SCRATCH_CPU_MB, as_f64, auto_chunk, head_chunks, head_vectors, map_head_chunks, matmul, resolve_device,
-                     scratch, to_numpy)
+from ._torch import (SCRATCH_CPU_MB, as_f64, auto_chunk, einsum, head_chunks, head_vectors, map_head_chunks, matmul,
+                     resolve_device, scratch, to_numpy)
 from .linalg import householder_apply, householder_vector
 from .moments import CloudMoments, cloud_moments
 from .options import AnalysisOptions
-from .signs import sign_sums
+from .signs import bucket_rows, float64_sign_sums, sign_sums
 from .stats import slope
 
 
@@ -261,14 +261,9 @@ def closed_form_kernel(delta: torch.Tensor, model: QueryModel) -> torch.Tensor:
 
 
 def weighted_square_sums(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``sum_d w[h, b, d] x[h, b, p, d]^2`` ``[head, bucket, pair]`` (eq. 4.12's ``v`` for ``x = delta``).
-
-    On the CPU numpy's ``einsum`` sums the products of its three operands in
-    one loop, reading ``x`` once and writing no temporary of its size.
-    """
-    if x.device.type != "cpu":
-        return torch.einsum("hbpd,hbpd,hbd->hbp", x, x, w)
-    return torch.from_numpy(np.einsum("hbpd,hbpd,hbd->hbp", x.numpy(), x.numpy(), w.numpy()))
+    """``sum_d w[h, b, d] x[h, b, p, d]^2`` ``[head, bucket, pair]`` (eq. 4.12's ``v`` for ``x = delta``), with no
+    temporary of ``x``'s size on the CPU (:func:`qkplast._torch.einsum`)."""
+    return einsum("hbpd,hbpd,hbd->hbp", x, x, w)
 
 
 def pair_differences(kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor) -> torch.Tensor:
@@ -359,10 +354,7 @@ def monte_carlo_kernel(qr: torch.Tensor, delta: torch.Tensor, qidx: torch.Tensor
     """
     # Padding rows are zeroed, so their score is exactly 0 and their sign adds nothing: with s = sum of signs
     # over the bucket's n queries, p = (#wins + #ties / 2) / n = (s / n + 1) / 2, one reduction and no mask pass.
-    qb = qr[:, qidx] * qmask[None, :, :, None].to(qr.dtype)  # [head, bucket, n_max, dim]
-    # one batched product; [.., pair, query] so that the sum over queries runs along contiguous memory
-    score = torch.matmul(delta, qb.transpose(-1, -2), out=scratch("scores", (*delta.shape[:-1], qb.shape[-2]), delta))
-    return _from_sign_sums(torch.sign(score, out=score).sum(-1), qmask, unbiased)
+    return _from_sign_sums(float64_sign_sums(delta, bucket_rows(qr, qidx, qmask)), qmask, unbiased)
 
 
 def _from_sign_sums(signs: torch.Tensor, qmask: torch.Tensor, unbiased: bool) -> torch.Tensor:

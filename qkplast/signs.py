@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from ._torch import matmul, scratch
+from ._torch import einsum, matmul, scratch
 
 _U32, _U64 = 2.0**-24, 2.0**-53
 _MAX_SCALE = 2.0**100  # ||q|| ||r|| below 2^100: no float32 product or partial sum can overflow
@@ -67,19 +66,13 @@ def float32_products_are_exact_ieee(device: torch.device) -> bool:
     return True
 
 
-def bucket_rows(x: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor, name: str = "bucket_rows") -> torch.Tensor:
+def bucket_rows(x: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None, name: str = "bucket_rows") -> torch.Tensor:
     """``x[:, idx]`` ``[head, bucket, slot, dim]`` for ``x`` ``[head, sample, dim]`` and ``idx`` ``[bucket, slot]``,
-    padding slots (``mask`` False) zero; in a scratch buffer (:func:`qkplast._torch.scratch`) named ``name``."""
+    padding slots (``mask`` False) zero (left as gathered when ``mask`` is None); in a scratch buffer
+    (:func:`qkplast._torch.scratch`) named ``name``."""
     out = scratch(name, (x.shape[0], idx.numel(), x.shape[-1]), x)
     out = torch.index_select(x, 1, idx.reshape(-1), out=out).view(x.shape[0], *idx.shape, x.shape[-1])
-    return out if bool(mask.all()) else out.mul_(mask[None, :, :, None].to(x.dtype))
-
-
-def _square_sums(x: torch.Tensor) -> torch.Tensor:
-    """``sum_d x[..., d]^2`` without a temporary of ``x``'s size (numpy's ``einsum`` on the CPU)."""
-    if x.device.type != "cpu":
-        return torch.einsum("...d,...d->...", x, x)
-    return torch.from_numpy(np.einsum("...d,...d->...", x.numpy(), x.numpy()))
+    return out if mask is None or bool(mask.all()) else out.mul_(mask[None, :, :, None].to(x.dtype))
 
 
 def float64_sign_sums(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -108,22 +101,25 @@ def sign_sums(rows: torch.Tensor, queries: torch.Tensor, qidx: torch.Tensor, qma
     whose sign depends on the order in which a product is summed (uncertain
     scores are recomputed as products and a sum, not by the BLAS).
     """
-    if not float32_products_are_exact_ieee(rows.device):
+    def in_float64():
         return float64_sign_sums(rows, bucket_rows(queries, qidx, qmask))
+
+    if not float32_products_are_exact_ieee(rows.device):
+        return in_float64()
     dim = rows.shape[-1]
     f32 = torch.empty(0, dtype=torch.float32, device=rows.device)
     qnorm = torch.linalg.vector_norm(queries, dim=-1)  # [head, sample]
     qmax = (qnorm[:, qidx] * qmask).amax(-1)  # [head, bucket]: largest norm of each bucket's queries
     q32 = scratch("sign_queries32", tuple(queries.shape), f32).copy_(queries)  # [head, sample, dim]
-    c32 = bucket_rows(q32, qidx, torch.ones_like(qmask), "sign_cols32")  # [head, bucket, slot, dim]; padding below
+    c32 = bucket_rows(q32, qidx, None, "sign_cols32")  # [head, bucket, slot, dim]; padding scores are set below
     r32 = scratch("sign_rows32", tuple(rows.shape), f32).copy_(rows)  # [head, bucket, pair, dim]
     # ||r|| at most, from the float32 copy: |r_i| <= |r32_i| / (1 - u); a float32 sum of squares errs by gamma_d
     # relatively, plus 2^-150 per subnormal square or partial sum
-    square_sum = _square_sums(r32).to(torch.float64) + 2 * dim * 2.0**-149  # [head, bucket, pair]
+    square_sum = einsum("...d,...d->...", r32, r32).to(torch.float64) + 2 * dim * 2.0**-149  # [head, bucket, pair]
     rnorm = torch.sqrt(square_sum * (1 + dim * _U32 / (1 - dim * _U32))) / (1 - _U32)
     scale = qmax[:, :, None] * rnorm  # [head, bucket, pair]: ||q|| ||r|| at most
     if not bool((scale < _MAX_SCALE).all()):  # inf when the float32 squares overflow
-        return float64_sign_sums(rows, bucket_rows(queries, qidx, qmask))
+        return in_float64()
     score = matmul(r32, c32.transpose(-1, -2),
                    out=scratch("sign_scores32", (*rows.shape[:-1], qidx.shape[1]), f32))  # [head, bucket, pair, slot]
     pad = ~qmask  # [bucket, slot]
@@ -140,7 +136,7 @@ def sign_sums(rows: torch.Tensor, queries: torch.Tensor, qidx: torch.Tensor, qma
     unsure = nearest <= bound
     n_unsure = int(unsure.sum())
     if n_unsure > _RECOMPUTE_FRACTION * unsure.numel():
-        return float64_sign_sums(rows, bucket_rows(queries, qidx, qmask))
+        return in_float64()
     if n_unsure:
         # the uncertain scores of the uncertain pairs, recomputed in float64; each replaces its float32 sign
         h, b, p = unsure.nonzero(as_tuple=True)
