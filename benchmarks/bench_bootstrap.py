@@ -21,8 +21,8 @@ import warnings
 import numpy as np
 import torch
 
-from qkplast.batch import load_or_capture
-from qkplast.bootstrap import bootstrap
+from qkplast.pipeline.batch import load_or_capture
+from qkplast.stats.bootstrap import bootstrap
 
 
 def main():

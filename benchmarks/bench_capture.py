@@ -17,7 +17,7 @@ bare
     ``torch.inference_mode`` with the chosen attention kernel (sdpa by
     default): the forward pass the capture is built on, without lm_head logits.
 capture
-    :func:`qkplast.capture.capture` of the same window, end to end: cutting the
+    :func:`qkplast.capture.driver.capture` of the same window, end to end: cutting the
     window from the corpus, the probe forward, head and position sampling, the
     forward pass through the capture hook (delegating to the same kernel), the
     part file and the final capture file written to a temporary directory.
@@ -69,9 +69,9 @@ def _reset_peak() -> bool:
 def _child(args) -> dict:
     import torch
 
-    from qkplast.capture import capture, text_decoder
-    from qkplast.corpus import iter_windows, open_corpus
-    from qkplast.models import load_model
+    from qkplast.capture.driver import capture, text_decoder
+    from qkplast.capture.corpus import iter_windows, open_corpus
+    from qkplast.capture.models import load_model
     from qkplast.options import CaptureOptions
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     if args.mode:
         Path(args.result).write_text(json.dumps(_child(args)))
         return 0
-    from qkplast.models import DEFAULT_MODEL, prepare_default_model
+    from qkplast.capture.models import DEFAULT_MODEL, prepare_default_model
 
     if args.model == DEFAULT_MODEL:
         prepare_default_model()  # the one-off conversion must not be timed

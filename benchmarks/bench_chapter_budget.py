@@ -26,7 +26,7 @@ import shutil
 import time
 from pathlib import Path
 
-from qkplast.batch import notebook_paths, run
+from qkplast.pipeline.batch import notebook_paths, run
 
 CHAPTER = "12_interventions"
 BUDGET_S = 240

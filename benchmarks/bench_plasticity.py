@@ -5,20 +5,20 @@ Workload (issue 9): 300 heads x 16 query buckets x 256 key pairs, head dim 128,
 reference (:func:`old_closed_form`, :func:`old_monte_carlo`): it forms every
 pair's rotated difference vector ``[head, bucket, pair, dim]`` and evaluates
 eqs. 4.11-4.14 on it, then the Monte Carlo wins with an einsum and a mask pass.
-"new" is, for the closed form alone, :func:`qkplast.plasticity.pair_closed_form`
+"new" is, for the closed form alone, :func:`qkplast.analysis.plasticity.pair_closed_form`
 (per-key projections and one weighted dot per pair, no delta); for closed form
-plus Monte Carlo, :func:`qkplast.plasticity.pair_kernel`, the kernel
-:func:`qkplast.plasticity.plasticity_kernel` runs: per block of heads small
+plus Monte Carlo, :func:`qkplast.analysis.plasticity.pair_kernel`, the kernel
+:func:`qkplast.analysis.plasticity.plasticity_kernel` runs: per block of heads small
 enough to stay in cache, delta gathered row by row, ``mu`` as one
 matrix-vector product, ``v`` as one weighted sum of squares, and the Monte
 Carlo signs from a float32 product whose rounding bound certifies each sign
-(:func:`qkplast.signs.sign_sums`). Both start from the same data and pairs,
+(:func:`qkplast.analysis.signs.sign_sums`). Both start from the same data and pairs,
 and their results are compared number by number (the Monte Carlo values must
 be identical). Then ``analyze()`` is timed by
 part: the thesis's metrics (PCA, rotation, plasticity; ``open_questions=False``),
 which the issue's 1-second target is about, and the whole call with the
 chapter "open questions" metrics. ``analyze()`` reads each chunk of heads once
-for all three analyses (:func:`qkplast.analyze.thesis_metrics`) and runs the
+for all three analyses (:func:`qkplast.analysis.metrics.thesis_metrics`) and runs the
 chunks on every core (:func:`qkplast._torch.map_head_chunks`); the parts run
 alone each read the heads themselves.
 
@@ -35,13 +35,13 @@ import warnings
 import torch
 
 from qkplast._torch import SCRATCH_CPU_MB, auto_chunk, gram, map_head_chunks, matmul
-from qkplast.analyze import analyze
+from qkplast.analysis.metrics import analyze
 from qkplast.options import AnalysisOptions
-from qkplast.pca import pca
-from qkplast.plasticity import (bytes_per_head, closed_form_kernel, pair_closed_form, pair_kernel, plasticity,
+from qkplast.analysis.pca import pca
+from qkplast.analysis.plasticity import (bytes_per_head, closed_form_kernel, pair_closed_form, pair_kernel, plasticity,
                                 plasticity_layout, query_model, rotate)
-from qkplast.rotation import rotation
-from qkplast.synthetic import planted_capture
+from qkplast.analysis.rotation import rotation
+from qkplast.theory.planted import planted_capture
 
 
 def old_closed_form(q, k, t, onehot, tau, pi, pj, opt):
@@ -68,7 +68,7 @@ def dense_floor(q, k, lay, chunk):
     """The dense products analyze() cannot avoid, alone, computed as analyze() computes them, on the same
     chunks and threads: the scatter matrices of both clouds (``syrk`` through numpy's BLAS, float64), the
     pooled covariance's eigh (float64), and the Monte Carlo scores ``[pair, dim] x [dim, query]`` of every
-    bucket (float32, as :func:`qkplast.signs.sign_sums` computes them before certifying their signs). Their
+    bucket (float32, as :func:`qkplast.analysis.signs.sign_sums` computes them before certifying their signs). Their
     time is a floor for analyze() on this BLAS."""
     n_bucket, n_pair = lay.pi.shape
     delta = torch.randn(1, n_bucket, n_pair, q.shape[-1])  # [1, bucket, pair, dim] float32; shape is what counts

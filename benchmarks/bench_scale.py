@@ -4,7 +4,7 @@ Usage::
 
     PYTHONPATH=. python benchmarks/bench_scale.py                 # tiny Qwen3 (YaRN 4 x 32768), 16K..128K
     PYTHONPATH=. python benchmarks/bench_scale.py --lengths 4096 8192 16384
-    PYTHONPATH=. python benchmarks/bench_scale.py --kappa         # measure qkplast.plan.MEASURED_KAPPA
+    PYTHONPATH=. python benchmarks/bench_scale.py --kappa         # measure qkplast.capture.plan.MEASURED_KAPPA
 
 What is measured
 ----------------
@@ -19,15 +19,15 @@ bare
     ``text_decoder(model)(input_ids, use_cache=False)`` under inference mode (sdpa).
 hooked
     the same forward through the capture entry point
-    (:meth:`qkplast.recorder.Capturer.capture_window`): the attention hook
+    (:meth:`qkplast.capture.recorder.Capturer.capture_window`): the attention hook
     copies the sampled rows of every head, checks them for NaN/Inf and returns
     them; bucket ``seq_len / 16``, 8 samples per bucket, every head.
 capture
-    :func:`qkplast.capture.capture` of the same window end to end (window
+    :func:`qkplast.capture.driver.capture` of the same window end to end (window
     cut, probe, the hooked forward, capture file written).
 
 Columns: wall and CPU seconds of each kind; ``+tok``, the seconds tokenizing
-the document takes (``qkplast.corpus.iter_windows``, best of the repeats); the
+the document takes (``qkplast.capture.corpus.iter_windows``, best of the repeats); the
 ratios hooked/bare (what the capture adds to a forward pass), capture/bare
 (the same plus the per-run fixed costs: tokenizing the document, the probe
 forward and the netCDF write, about 0.1 s here, which a thesis-scale forward of
@@ -42,8 +42,8 @@ ratio is at most 1.05.
 
 ``--kappa`` measures, for each architecture of ``tests/hub_fixtures.py``, the
 bare forward's peak-RSS slope between 8K and 32K tokens and divides it by the
-bytes :func:`qkplast.plan.live_elements_per_token` counts: the ratio
-``qkplast.plan`` uses to predict activation memory.
+bytes :func:`qkplast.capture.plan.live_elements_per_token` counts: the ratio
+``qkplast.capture.plan`` uses to predict activation memory.
 """
 
 from __future__ import annotations
@@ -68,19 +68,19 @@ def _child(args) -> dict:
     import torch
 
     from hub_fixtures import long_corpus, tiny_model, tiny_tokenizer
-    from qkplast.capture import capture, text_decoder
-    from qkplast.corpus import Document, iter_windows
+    from qkplast.capture.driver import capture, text_decoder
+    from qkplast.capture.corpus import Document, iter_windows
     from qkplast.options import CaptureOptions
-    from qkplast.recorder import Capturer
-    from qkplast.sampling import sample_positions
+    from qkplast.capture.recorder import Capturer
+    from qkplast.capture.sampling import sample_positions
 
     torch.set_num_threads(args.threads)
     model, tokenizer = tiny_model(args.arch), tiny_tokenizer()
     if args.arch == "qwen3":
-        from qkplast.models import _apply_rope_scaling, parse_rope_scaling
+        from qkplast.capture.models import apply_rope_scaling, parse_rope_scaling
 
         # The YaRN override as load_model applies it, then the rotary embedding rebuilt from the config.
-        _apply_rope_scaling(model.config, parse_rope_scaling("yarn:4:32768"))
+        apply_rope_scaling(model.config, parse_rope_scaling("yarn:4:32768"))
         model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
     with tempfile.TemporaryDirectory() as tmp:
         first = long_corpus(Path(tmp) / "long.jsonl", n_chars=int(args.seq_len * 5.5), docs=1).read_text()
@@ -211,7 +211,7 @@ def scale(args) -> int:
 
 def kappa(args) -> int:
     from hub_fixtures import ARCHITECTURES, tiny_config
-    from qkplast.plan import live_elements_per_token
+    from qkplast.capture.plan import live_elements_per_token
 
     lengths = [8192, 16384, 32768]
     print(f"bare forward peak-RSS slope over {lengths} tokens (float32, CPU), measured / counted bytes per token")

@@ -44,9 +44,9 @@ check_seed = 0  # seed of the random draws of the relative-position check
 n_draws = 256  # random (q, k, t, i, shift) draws for the relative-position check
 
 # %%
-import qkplast.plots as qp
-from qkplast.batch import run_settings
-from qkplast.rope import check_relative_property, frequency_table, model_rotary
+import qkplast.results.figures as qp
+from qkplast.pipeline.batch import run_settings
+from qkplast.theory.rope import check_relative_property, frequency_table, model_rotary
 
 options = run_settings(run_dir, globals())[0]  # the run's capture settings (defaults for a new run); papermill -p overrides
 seq_len = options.seq_len

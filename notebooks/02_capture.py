@@ -28,7 +28,7 @@
 #
 # so a *head* below is a (query head, key head) pair. The vectors are taken after the projections, after
 # any q/k normalisation (Qwen3) and after the rotary embedding, and before the key heads are repeated for
-# the group: `qkplast.capture` registers its own attention function with transformers, records the
+# the group: `qkplast.capture.driver` registers its own attention function with transformers, records the
 # sampled rows and hands the call on to the real kernel (SDPA by default). Its tests check, for every
 # supported family, that the recorded $q^\top k/\sqrt{d}$ equals the model's own eager attention logits.
 #
@@ -48,8 +48,8 @@ import numpy as np
 import pandas as pd
 
 import qkplast
-import qkplast.plots as qp
-from qkplast.batch import load_run
+import qkplast.results.figures as qp
+from qkplast.pipeline.batch import load_run
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes

@@ -38,8 +38,8 @@ run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest
 import numpy as np
 import pandas as pd
 
-import qkplast.plots as qp
-from qkplast.batch import load_run
+import qkplast.results.figures as qp
+from qkplast.pipeline.batch import load_run
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes

@@ -86,7 +86,7 @@
 # ```
 #
 # Numerically the first entry of $u$, $\hat\beta_1 - 1$, cancels when $\hat\beta$ is close to $e_1$.
-# `qkplast.linalg` computes it as $-\sum_{j>1}\hat\beta_j^2/(1 + \hat\beta_1)$, which has no cancellation,
+# `qkplast.analysis.linalg` computes it as $-\sum_{j>1}\hat\beta_j^2/(1 + \hat\beta_1)$, which has no cancellation,
 # and takes $H = I$ at $\hat\beta = e_1$; the tests compare both forms near $e_1$.
 #
 # ## The Gaussian closed form
@@ -167,10 +167,10 @@ import pandas as pd
 from scipy.stats import norm
 
 import qkplast
-import qkplast.plots as qp
-from qkplast import results
-from qkplast.batch import load_or_analyze, load_run
-from qkplast.plasticity import PlasticityWarning, pair_statistics, plasticity, sample_key_pairs
+import qkplast.results.figures as qp
+from qkplast.results import tables as results
+from qkplast.pipeline.batch import load_or_analyze, load_run
+from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plasticity, sample_key_pairs
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes
@@ -316,7 +316,7 @@ weighting.round(4)
 # **Pooled against within-document query statistics** (Definition 4.1 conditions on the prefix):
 
 # %%
-from qkplast.pooling import pooling_table
+from qkplast.analysis.pooling import pooling_table
 
 pooling, reading = pooling_table(capture, names, seed=seed, **{k: v for k, v in analysis.items() if k != "semantic_stats"})
 print(reading)

@@ -75,10 +75,10 @@ import pandas as pd
 from scipy.stats import norm
 
 import qkplast
-import qkplast.plots as qp
-from qkplast import theory
-from qkplast.batch import load_or_analyze, load_run
-from qkplast.plasticity import pair_statistics, sample_key_pairs
+import qkplast.results.figures as qp
+from qkplast.theory import checks as theory
+from qkplast.pipeline.batch import load_or_analyze, load_run
+from qkplast.analysis.plasticity import pair_statistics, sample_key_pairs
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes

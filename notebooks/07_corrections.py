@@ -25,7 +25,7 @@
 # **How empirical items are judged.** Every empirical claim is set against a stated null: a permutation of
 # the data that keeps everything except the structure the claim is about, so that what the null produces is
 # what sampling noise alone produces. The word after each claim is *computed*
-# (`qkplast.results.null_verdict`): "confirmed" only when the observed statistic lies beyond the null
+# (`qkplast.stats.verdict.null_verdict`): "confirmed" only when the observed statistic lies beyond the null
 # (permutation p-value below 0.05), otherwise "not distinguishable from the null". Mathematical items (a
 # proof step, an identity, a statement that contradicts its own proof) need no null and are marked as such.
 # The comparisons use the thesis's default options, whatever `analysis` a batch passes.
@@ -42,9 +42,12 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from qkplast import nulls, reference, results, theory
-from qkplast.batch import load_or_analyze, load_or_bootstrap, load_run
-from qkplast.plasticity import PlasticityWarning, pair_statistics, plasticity
+from qkplast.results import reference
+from qkplast.results import tables as results
+from qkplast.stats import nulls, verdict
+from qkplast.theory import checks as theory
+from qkplast.pipeline.batch import load_or_analyze, load_or_bootstrap, load_run
+from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plasticity
 from transformers import MllamaTextConfig  # after qkplast, which silences tqdm's ipywidgets warning
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
@@ -172,12 +175,12 @@ print(f"bound start T in window lengths: median {start['median']:,.0f} (two sign
 # *Empirical.* Does the whole mean score ($\mu_Q^\top\beta_K$, `key_position_slope`) move the same way as its
 # drift-axis part? The share of heads where the two have the same sign, against a **position permutation
 # null** (token positions shuffled across samples, vectors untouched;
-# `qkplast.theory.key_slope_sign_null`). Because bias strength is a part of the slope, the two agree often
+# `qkplast.theory.checks.key_slope_sign_null`). Because bias strength is a part of the slope, the two agree often
 # even under the null, which is why the null is needed.
 
 # %%
 sign = theory.key_slope_sign_null(capture, n_perm=n_null, seed=seed)
-v = results.null_verdict(sign["observed"], sign["null"], null_name="position permutation")
+v = verdict.null_verdict(sign["observed"], sign["null"], null_name="position permutation")
 verdicts["5. full slope has the sign of bias_strength"] = v["word"]
 print(f"heads whose key_position_slope has the sign of bias_strength: {v['text']}")
 
@@ -281,12 +284,12 @@ weighting.round(4)
 # The probability in Definition 4.1 is over queries given the prefix, i.e. within one document; the closed
 # form pools each bucket's queries over all documents, so document-to-document variation counts as query
 # randomness and raises plasticity. The same statistics computed within each document
-# (`qkplast.pooling.within_document_ap`; means, keys and pairs unchanged, so the difference is the pooling
+# (`qkplast.analysis.pooling.within_document_ap`; means, keys and pairs unchanged, so the difference is the pooling
 # alone). This is a size, not a test: no null is run here, and with a few queries per (document, bucket)
 # cell the within-document variances are themselves noisy.
 
 # %%
-from qkplast.pooling import pooling_table
+from qkplast.analysis.pooling import pooling_table
 
 pooling, reading = pooling_table(capture, names, seed=seed)
 print(reading)

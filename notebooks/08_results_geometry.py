@@ -38,9 +38,10 @@ study = ""  # a study file or directory (qkplast study): the cells at the end re
 import numpy as np
 import pandas as pd
 
-import qkplast.plots as qp
-from qkplast import reference, results
-from qkplast.batch import load_run
+import qkplast.results.figures as qp
+from qkplast.results import reference
+from qkplast.results import tables as results
+from qkplast.pipeline.batch import load_run
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes
@@ -84,7 +85,7 @@ fig = qp.taxonomy_scatter(metrics)
 # token, so its size depends on the scale of each model's query and key vectors; only its sign and the
 # spread across heads compare across models. The intervals are a bootstrap over documents (`n_boot`
 # replicates; the note under the table states the count and how replicates are computed, see
-# `qkplast.bootstrap`), shown three ways: basic, percentile and BCa. They differ where the replicates are
+# `qkplast.stats.bootstrap`), shown three ways: basic, percentile and BCa. They differ where the replicates are
 # skewed or biased; where they disagree, the BCa interval is the one that corrects for both.
 
 # %%
@@ -137,7 +138,7 @@ fig = qp.bias_vs_separation(metrics)
 
 # %%
 if study:
-    from qkplast import crossrun
+    from qkplast.results import crossrun
 
     print(f"study {crossrun.as_study(study).name}: runs without an analysis yet: {crossrun.missing_runs(study) or 'none'}")
     display(crossrun.geometry_across(study))

@@ -36,9 +36,10 @@ study = ""  # a study file or directory (qkplast study): the cells at the end re
 # %%
 import pandas as pd
 
-import qkplast.plots as qp
-from qkplast import reference, results
-from qkplast.batch import run_settings
+import qkplast.results.figures as qp
+from qkplast.results import reference
+from qkplast.results import tables as results
+from qkplast.pipeline.batch import run_settings
 
 # %% [markdown]
 # ## This project's checkpoints
@@ -93,7 +94,7 @@ reference.table_a1_in_first_bucket()
 
 # %%
 if study:
-    from qkplast import crossrun
+    from qkplast.results import crossrun
 
     if crossrun.is_checkpoint_series(study):
         study_trajectory = crossrun.trajectory(study)

@@ -34,9 +34,10 @@ study = ""  # a study file or directory (qkplast study): the cells at the end re
 import numpy as np
 import pandas as pd
 
-import qkplast.plots as qp
-from qkplast import reference, results
-from qkplast.batch import load_run
+import qkplast.results.figures as qp
+from qkplast.results import reference
+from qkplast.results import tables as results
+from qkplast.pipeline.batch import load_run
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes
@@ -114,7 +115,7 @@ print(f"{model}: AP_drop {float(metrics.ap_drop.mean()):.3f} over {seq_len} toke
 
 # %%
 if study:
-    from qkplast import crossrun
+    from qkplast.results import crossrun
 
     matched = crossrun.benchmark_matches(study)
     if len(matched):

@@ -49,13 +49,13 @@
 # *plain* model has them. When several layers are clamped, a head above another clamped head receives a
 # residual stream that the lower clamp changed, so its axis moves and part of its bias survives; and a key
 # head shared by several clamped query heads cannot remove every one's drift with the one-step solution.
-# Every clamp here is therefore **calibrated** (`qkplast.intervene.calibrate_clamp`): one forward pass over
+# Every clamp here is therefore **calibrated** (`qkplast.experiments.calibrate.calibrate_clamp`): one forward pass over
 # the run's first `geometry_docs` capture windows measures, layer by layer, the rotation model of the
 # clamped heads *with the clamped layers below already clamped*, at the capture's own sampled positions,
 # and clamps that layer with what it measured before the pass goes on. The same calibrated clamp acts in
 # the behaviour grid and in the re-capture below. For the clamps whose geometry is shown (the largest $k$)
 # that pass goes on through every layer with the capture recording
-# (`qkplast.intervene.calibrate_and_capture`): since each layer is clamped before the pass reaches the next,
+# (`qkplast.experiments.calibrate.calibrate_and_capture`): since each layer is clamped before the pass reaches the next,
 # what it records is what a second capture inside the calibrated clamp records (the tests check the two are
 # the same vectors), and the chapter saves that second forward pass.
 #
@@ -84,10 +84,10 @@ n_boot = 2000  # bootstrap replicates over windows
 import numpy as np
 import pandas as pd
 
-import qkplast.experiments as qx
-from qkplast.batch import load_run
+import qkplast.experiments.grid as qx
+from qkplast.pipeline.batch import load_run
 from qkplast import CaptureOptions
-from qkplast.corpus import count_windows, open_corpus
+from qkplast.capture.corpus import count_windows, open_corpus
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes
@@ -215,7 +215,7 @@ for row in verdicts.itertuples():
 #   runs larger grids on a GPU.
 # * **Copying is one behaviour.** Induction-style copying of random tokens is the cleanest retrieval at a
 #   distance, but not the retrieval of meaningful content that benchmarks test.
-#   `qkplast.behavior.passkey_by_depth` (prompted passkey retrieval) and `loss_by_position` (per-position
+#   `qkplast.experiments.behavior.passkey_by_depth` (prompted passkey retrieval) and `loss_by_position` (per-position
 #   next-token loss) measure two others with the same interventions.
 # * **Which property of the heads matters.** The targeted sets are chosen by one metric but differ from
 #   random sets in other ways too: the heads listed above with the lowest $\mathrm{AP}_{\text{last}20}$ sit

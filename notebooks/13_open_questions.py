@@ -52,11 +52,11 @@ import time
 import numpy as np
 import pandas as pd
 
-import qkplast.open_plots as op
-from qkplast.batch import load_run
-from qkplast.conditions import bootstrap_parts, capture_conditions, condition_table, read_conditions
-from qkplast.gqa import gqa_similarity, gqa_testable
-from qkplast.listwise import listwise_summary, pairwise_predicts_listwise
+import qkplast.results.open_figures as op
+from qkplast.pipeline.batch import load_run
+from qkplast.experiments.conditions import bootstrap_parts, capture_conditions, condition_table, read_conditions
+from qkplast.analysis.gqa import gqa_similarity, gqa_testable
+from qkplast.analysis.listwise import listwise_summary, pairwise_predicts_listwise
 
 started, started_cpu = time.perf_counter(), time.process_time()
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides

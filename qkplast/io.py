@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .errors import QkplastError
+from qkplast.errors import QkplastError
 
 __all__ = [
     "CaptureError",

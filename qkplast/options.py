@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
-from .errors import QkplastError
+from qkplast.errors import QkplastError
 
 
 class OptionsError(QkplastError):
@@ -114,7 +114,7 @@ class AnalysisOptions:
         16 MB on the CPU, below glibc's largest mmap threshold, so buffers are
         reused instead of being mapped and zero-filled afresh (measured 2-4x
         faster than 32-head chunks here), and near 1 GB on a GPU. The thesis
-        metrics of :func:`qkplast.analyze` and :func:`qkplast.plasticity.plasticity`
+        metrics of :func:`qkplast.analyze` and :func:`qkplast.analysis.plasticity.plasticity`
         keep those temporaries in per-thread scratch buffers and use 64 MB.
 
     Added later (plasticity, section 4.4)
@@ -132,7 +132,7 @@ class AnalysisOptions:
         (an importance weight on the uniformly drawn pairs). The two estimate
         different quantities; neither is a correction of the other.
 
-    Beyond the thesis (listwise plasticity, :mod:`qkplast.listwise`)
+    Beyond the thesis (listwise plasticity, :mod:`qkplast.analysis.listwise`)
     ----------------------------------------------------------------
     set_sizes : tuple of int
         Key-set sizes m of ``ap_set`` ((2, 8, 64, 0)); 0 is the whole
@@ -237,7 +237,7 @@ CAPTURE_EXECUTION_OPTIONS = ("device",)
 @dataclass(frozen=True)
 class CaptureOptions:
     """Settings of one capture (thesis section 4.1): the single source for
-    :func:`qkplast.capture.capture`, ``qkplast capture``, ``qkplast run``, the
+    :func:`qkplast.capture.driver.capture`, ``qkplast capture``, ``qkplast run``, the
     run manifest and the capture attrs, all under these names.
 
     Model
@@ -261,7 +261,7 @@ class CaptureOptions:
     Corpus and windows
     ------------------
     corpus : str
-        Corpus specification (see :func:`qkplast.corpus.open_corpus`).
+        Corpus specification (see :func:`qkplast.capture.corpus.open_corpus`).
     docs : int or None
         Document windows to capture (None: all the corpus yields).
     seq_len : int or None

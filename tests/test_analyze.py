@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import qkplast
-from qkplast.plasticity import PlasticityWarning
-from qkplast.synthetic import planted_capture, random_orthogonal
+from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.theory.planted import planted_capture, random_orthogonal
 
 REQUIRED = {
     ("head", "pc"): ["r_q_pc", "r_k_pc", "explained_variance_ratio"],
@@ -105,9 +105,9 @@ def test_one_pass_over_the_heads_equals_the_three_analyses_run_apart(result):
     public functions run alone, one chunk of heads at a time, give the same numbers."""
     import torch
 
-    from qkplast.pca import pca
-    from qkplast.plasticity import plasticity
-    from qkplast.rotation import rotation
+    from qkplast.analysis.pca import pca
+    from qkplast.analysis.plasticity import plasticity
+    from qkplast.analysis.rotation import rotation
 
     cap, m = result
     before = torch.get_num_threads()

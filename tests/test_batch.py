@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from qkplast import batch
+from qkplast.pipeline import batch
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -107,7 +107,7 @@ def test_notebook_parameters_hold_no_capture_or_analysis_settings():
 
 def _fake_stage(monkeypatch, tmp_path):
     """Replace the model load and the capture by a planted capture, recording the calls in order."""
-    from qkplast.synthetic import planted_capture
+    from qkplast.theory.planted import planted_capture
 
     calls = []
 
@@ -180,7 +180,7 @@ def test_load_run_reads_overrides_from_a_notebook_namespace(tmp_path, monkeypatc
 
 def _fake_capture_in_kernel(options, out, **_):
     from qkplast.io import save_capture
-    from qkplast.synthetic import planted_capture
+    from qkplast.theory.planted import planted_capture
 
     cap, _ = planted_capture(n_heads=2, dim=8, seq_len=options.seq_len, bucket_size=options.bucket_size,
                              n_docs=options.docs, samples_per_bucket=2)
@@ -225,7 +225,7 @@ def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, m
     """``qkplast capture --out RUN/capture.nc`` then a notebook: the settings come from the capture's attrs."""
     from qkplast import CaptureOptions
     from qkplast.io import save_capture
-    from qkplast.synthetic import planted_capture
+    from qkplast.theory.planted import planted_capture
 
     calls = _fake_stage(monkeypatch, tmp_path)
     options = CaptureOptions(seq_len=1024, bucket_size=128, docs=3, corpus="pydoc-topics")

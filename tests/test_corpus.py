@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from qkplast.corpus import CorpusError, Document, WindowStats, count_windows, iter_windows, open_corpus
+from qkplast.capture.corpus import CorpusError, Document, WindowStats, count_windows, iter_windows, open_corpus
 from test_capture import tiny_tokenizer
 
 
@@ -188,7 +188,7 @@ def _docs_tree(root, sizes):
 
 
 def test_python_docs_reads_one_document_per_page_in_path_order(monkeypatch, tmp_path):
-    from qkplast import corpus as corpus_module
+    from qkplast.capture import corpus as corpus_module
 
     src = _docs_tree(tmp_path, {"library/os": 30, "howto/logging": 20, "about": 5})
     monkeypatch.setattr(corpus_module, "PYTHON_DOCS_GLOB", str(tmp_path / "python3*" / "html" / "_sources"))
@@ -201,7 +201,7 @@ def test_python_docs_reads_one_document_per_page_in_path_order(monkeypatch, tmp_
 
 
 def test_python_docs_without_the_package_says_how_to_install(monkeypatch, tmp_path):
-    from qkplast import corpus as corpus_module
+    from qkplast.capture import corpus as corpus_module
 
     monkeypatch.setattr(corpus_module.python_docs_root, "__defaults__", (str(tmp_path / "none*" / "_sources"),))
     with pytest.raises(CorpusError, match="apt-get install python3-doc"):

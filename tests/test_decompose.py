@@ -5,9 +5,9 @@ import warnings
 import numpy as np
 import pytest
 
-from qkplast.decompose import VARIANTS, counterfactual_model, decompose_drop, parts_from_drops
-from qkplast.plasticity import PlasticityWarning, plasticity
-from qkplast.synthetic import planted_capture
+from qkplast.analysis.decompose import VARIANTS, counterfactual_model, decompose_drop, parts_from_drops
+from qkplast.analysis.plasticity import PlasticityWarning, plasticity
+from qkplast.theory.planted import planted_capture
 
 
 def quiet(fn, *args, **kw):
@@ -63,7 +63,7 @@ def test_no_drift_with_shrinking_content_has_no_bias_part():
 def test_counterfactual_model_switches():
     import torch
 
-    from qkplast.plasticity import QueryModel
+    from qkplast.analysis.plasticity import QueryModel
 
     mean = torch.rand(1, 3, 4, dtype=torch.float64)
     cov = torch.rand(1, 3, 4, dtype=torch.float64) + 0.1

@@ -8,11 +8,11 @@ import pytest
 import torch
 from test_capture import tiny_model, tiny_tokenizer
 
-import qkplast.experiments as qx
-from qkplast.analyze import analyze
-from qkplast.capture import capture
+import qkplast.experiments.grid as qx
+from qkplast.analysis.metrics import analyze
+from qkplast.capture.driver import capture
 from qkplast.options import CaptureOptions
-from qkplast.corpus import Document
+from qkplast.capture.corpus import Document
 from qkplast.errors import QkplastError
 
 

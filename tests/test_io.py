@@ -6,7 +6,7 @@ import xarray as xr
 
 import qkplast
 from qkplast.io import CaptureError, save_dataset, validate_capture
-from qkplast.synthetic import planted_capture
+from qkplast.theory.planted import planted_capture
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkplast.errors import QkplastError
-from qkplast.kernels import QUADRATIC_LIMIT, KernelError, check_kernel, kernel_problem, restricted_sdpa, restricts_kernels
+from qkplast.capture.kernel_guard import QUADRATIC_LIMIT, KernelError, check_kernel, kernel_problem, restricted_sdpa, restricts_kernels
 
 LONG = 131072
 A100, V100 = (8, 0), (7, 0)
@@ -69,10 +69,10 @@ def test_sdpa_restriction_applies_on_cuda_beyond_the_limit_only():
 @pytest.mark.integration
 def test_capture_refuses_eager_beyond_the_limit_before_any_long_forward(tmp_path):
     from hub_fixtures import tiny_model, tiny_tokenizer
-    from qkplast.capture import capture
-    from qkplast.corpus import Document
+    from qkplast.capture.driver import capture
+    from qkplast.capture.corpus import Document
     from qkplast.options import CaptureOptions
-    from qkplast.recorder import Capturer
+    from qkplast.capture.recorder import Capturer
 
     def no_forward(*args, **kwargs):
         raise AssertionError("the guard must refuse before any window is run")

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from qkplast.linalg import householder_apply, householder_matrix, householder_vector
+from qkplast.analysis.linalg import householder_apply, householder_matrix, householder_vector
 
 
 def reflect(x):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from qkplast.decompose import fitted_layout
-from qkplast.listwise import draw_sets, listwise, model_draws, winner_plasticity
+from qkplast.analysis.decompose import fitted_layout
+from qkplast.analysis.listwise import draw_sets, listwise, model_draws, winner_plasticity
 from qkplast.options import AnalysisOptions
-from qkplast.plasticity import PlasticityWarning, QueryModel, plasticity
-from qkplast.synthetic import planted_capture
+from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, plasticity
+from qkplast.theory.planted import planted_capture
 
 
 def quiet(fn, *args, **kw):

@@ -9,10 +9,10 @@ import pytest
 import torch
 import transformers as T
 
-from qkplast import models
-from qkplast.capture import run_capture
+from qkplast.capture import models
+from qkplast.capture.driver import run_capture
 from qkplast.io import open_capture
-from qkplast.models import ModelError, check_seq_len, load_model, parse_rope_scaling
+from qkplast.capture.models import ModelError, check_seq_len, load_model, parse_rope_scaling
 from qkplast.options import CaptureOptions
 from test_capture import COMMON, tiny_tokenizer
 
@@ -124,7 +124,7 @@ def test_embedded_model_is_converted_once(monkeypatch):
 
 
 def test_split_revision():
-    from qkplast.models import split_revision
+    from qkplast.capture.models import split_revision
 
     assert split_revision("owner/name@v1.2") == ("owner/name", "v1.2")
     assert split_revision("owner/name") == ("owner/name", None)
@@ -137,7 +137,7 @@ def test_split_revision():
 
 
 def test_local_path_with_at_sign_is_not_split(tmp_path):
-    from qkplast.models import split_revision
+    from qkplast.capture.models import split_revision
 
     odd = tmp_path / "model@2024"
     odd.mkdir()

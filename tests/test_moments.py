@@ -1,9 +1,9 @@
-"""The clouds' moments shared by PCA, the rotation model and plasticity (qkplast.moments)."""
+"""The clouds' moments shared by PCA, the rotation model and plasticity (qkplast.analysis.moments)."""
 
 import numpy as np
 import torch
 
-from qkplast.moments import cloud_moments
+from qkplast.analysis.moments import cloud_moments
 
 
 def clouds(rng, heads=3, n=50, dim=6):

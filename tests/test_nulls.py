@@ -6,9 +6,9 @@ import warnings
 import numpy as np
 import pytest
 
-from qkplast import nulls
-from qkplast.plasticity import PlasticityWarning, pair_statistics
-from qkplast.synthetic import planted_capture
+from qkplast.stats import nulls
+from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics
+from qkplast.theory.planted import planted_capture
 
 
 @pytest.fixture(scope="module")

@@ -73,10 +73,10 @@ def test_capture_options_round_trip_through_their_dict():
 
 
 def test_package_errors_share_one_base():
-    from qkplast.batch import RunError
-    from qkplast.corpus import CorpusError
+    from qkplast.pipeline.batch import RunError
+    from qkplast.capture.corpus import CorpusError
     from qkplast.io import CaptureError
-    from qkplast.models import ModelError
+    from qkplast.capture.models import ModelError
 
     for error in (CaptureError, CorpusError, ModelError, RunError, OptionsError, UnknownOptionError):
         assert issubclass(error, QkplastError), error

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from qkplast.pca import classify, pca
-from qkplast.synthetic import planted_capture
+from qkplast.analysis.pca import classify, pca
+from qkplast.theory.planted import planted_capture
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import transformers as T
 
-from qkplast.layout import inspect_model, layout_from_config
+from qkplast.capture.architecture import inspect_model, layout_from_config
 from qkplast.options import CaptureOptions
-from qkplast.plan import KAPPA, PlanError, live_elements_per_token, plan_capture
+from qkplast.capture.plan import KAPPA, PlanError, live_elements_per_token, plan_capture
 from test_capture import tiny_model, tiny_tokenizer
 
 # Qwen3-8B's published dimensions: the thesis's model at its scale, config only (no weights needed to plan).

@@ -8,8 +8,8 @@ import torch
 from scipy import stats
 
 from qkplast.options import AnalysisOptions
-from qkplast.plasticity import PlasticityWarning, pairwise_plasticity, plasticity, sample_key_pairs
-from qkplast.synthetic import planted_capture, random_orthogonal, true_query_moments
+from qkplast.analysis.plasticity import PlasticityWarning, pairwise_plasticity, plasticity, sample_key_pairs
+from qkplast.theory.planted import planted_capture, random_orthogonal, true_query_moments
 
 
 def run(cap, **kw):
@@ -189,7 +189,7 @@ def test_bad_options_are_errors(gaussian):
 
 def test_pair_statistics_reproduce_ap_and_isolate_the_independence_assumption(gaussian):
     cap, truth = gaussian
-    from qkplast.plasticity import pair_statistics
+    from qkplast.analysis.plasticity import pair_statistics
 
     ps = pair_statistics(cap, heads=[0, 1], n_pairs=64)
     res = run(cap.isel(head=[0, 1]), n_pairs=64)
@@ -211,7 +211,7 @@ def test_pair_statistics_reproduce_ap_and_isolate_the_independence_assumption(ga
 @pytest.mark.parametrize("covariance", ["diagonal", "full", "joint"])
 def test_fast_closed_form_matches_the_materialising_reference(gaussian, covariance):
     """pair_closed_form never forms delta; the straightforward eqs. 4.11-4.14 on delta agree to rounding."""
-    from qkplast.plasticity import closed_form, closed_form_kernel, pair_moments, plasticity_layout
+    from qkplast.analysis.plasticity import closed_form, closed_form_kernel, pair_moments, plasticity_layout
 
     cap = gaussian[0]
     kw = {"covariance": covariance, "n_pairs": 64}
@@ -236,7 +236,7 @@ def test_fast_closed_form_matches_the_materialising_reference(gaussian, covarian
 
 def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_buckets():
     """analyze()'s fused kernel: closed form to rounding, Monte Carlo signs exactly, ties (identical keys) half."""
-    from qkplast.plasticity import (closed_form_kernel, monte_carlo_kernel, pair_differences, pair_kernel,
+    from qkplast.analysis.plasticity import (closed_form_kernel, monte_carlo_kernel, pair_differences, pair_kernel,
                                     plasticity_layout, query_model, rotate)
 
     cap, _ = planted_capture(n_heads=3, dim=16, n_docs=8, samples_per_bucket=6, seed=4)
@@ -263,7 +263,7 @@ def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_bucke
 
 
 def test_prefix_pair_weights_follow_definition_4_3(gaussian):
-    from qkplast.plasticity import pair_weights
+    from qkplast.analysis.plasticity import pair_weights
 
     cap = gaussian[0]
     pairs = sample_key_pairs(cap, AnalysisOptions(n_pairs=64))
@@ -276,7 +276,7 @@ def test_prefix_pair_weights_follow_definition_4_3(gaussian):
     uni, pre = run(cap, n_pairs=64), run(cap, n_pairs=64, pair_weight="prefix")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from qkplast.plasticity import closed_form, plasticity_layout
+        from qkplast.analysis.plasticity import closed_form, plasticity_layout
 
         opt = AnalysisOptions(n_pairs=64)
         lay = plasticity_layout(cap, opt, torch.device("cpu"), warn=False)
@@ -291,7 +291,7 @@ def test_prefix_pair_weights_follow_definition_4_3(gaussian):
 def test_within_document_statistics_remove_document_offsets():
     """Queries with a per-document offset: pooled statistics count it as spread and raise plasticity;
     within-document statistics give back (nearly) the offset-free answer."""
-    from qkplast.pooling import within_document_ap
+    from qkplast.analysis.pooling import within_document_ap
 
     cap, _ = planted_capture(n_heads=2, dim=12, n_docs=32, samples_per_bucket=6, seed=9)
     rng = np.random.default_rng(0)
@@ -310,7 +310,7 @@ def test_within_document_statistics_remove_document_offsets():
     near = np.abs(moved.ap_within.values[ok] - base.ap_within.values[ok]).mean()
     assert near < 0.5 * np.abs(moved.ap_pooled.values[ok] - base.ap_pooled.values[ok]).mean()
     assert (moved.within_variance_share.values[:, 1:] < 1).all()
-    from qkplast.pooling import pooling_table
+    from qkplast.analysis.pooling import pooling_table
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -323,7 +323,7 @@ def test_within_document_statistics_remove_document_offsets():
 def test_full_covariance_per_bucket_equals_numpy_on_uneven_buckets():
     """The per-bucket Gram matrices (padded gather) equal numpy's covariance of each bucket's own samples,
     with buckets of different sizes and samples out of bucket order."""
-    from qkplast.plasticity import QueryModel, bucket_members, query_model
+    from qkplast.analysis.plasticity import QueryModel, bucket_members, query_model
 
     gen = np.random.default_rng(3)
     bucket = gen.permutation(np.repeat([0, 1, 2], [5, 9, 3]))  # [sample]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from qkplast.layout import LayerInfo, ModelLayout
-from qkplast.recorder import DeviceIndexCache, NonFiniteCaptureError, WindowRecorder
-from qkplast.sampling import sample_heads
+from qkplast.capture.architecture import LayerInfo, ModelLayout
+from qkplast.capture.recorder import DeviceIndexCache, NonFiniteCaptureError, WindowRecorder
+from qkplast.capture.sampling import sample_heads
 
 
 def _layout(modules):

@@ -1,4 +1,4 @@
-"""Internal consistency of the thesis's reported numbers (data/thesis, qkplast.reference).
+"""Internal consistency of the thesis's reported numbers (data/thesis, qkplast.results.reference).
 
 Each test checks a relation the thesis states or implies between two printed numbers. Where the
 printed data contradict a sentence or caption, the test asserts what the data show and a comment
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from qkplast import reference
+from qkplast.results import reference
 
 # Three printed decimals: each number is within 0.0005 of its true value, so a difference of two
 # printed numbers is within 0.001; 0.0015 leaves room for float representation.

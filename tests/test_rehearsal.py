@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from hub_fixtures import BRANCH, long_corpus, make_hub, repo_id
-from qkplast.corpus import iter_windows, open_corpus
+from qkplast.capture.corpus import iter_windows, open_corpus
 from qkplast.io import open_capture, validate_capture
 from qkplast.options import CaptureOptions
 
@@ -65,7 +65,7 @@ def _env(cache: Path) -> dict:
 _CHILD = textwrap.dedent(
     """
     import json, sys
-    from qkplast.capture import run_capture
+    from qkplast.capture.driver import run_capture
     from qkplast.options import CaptureOptions
 
     def kb(field):
@@ -89,7 +89,7 @@ def _layer0_late_logits(ds, loaded, window, span: int) -> int:
 
     Returns the number of (query, key) pairs compared.
     """
-    from qkplast.hooks import text_decoder
+    from qkplast.capture.hooks import text_decoder
 
     seq_len = ds.attrs["seq_len"]
     start = seq_len - span
@@ -125,8 +125,8 @@ def _layer0_late_logits(ds, loaded, window, span: int) -> int:
 
 
 def test_qwen3_at_131072_tokens_with_yarn_from_a_hub_revision(hub, hub_cache, tmp_path):
-    from qkplast.models import load_model
-    from qkplast.plan import plan_capture
+    from qkplast.capture.models import load_model
+    from qkplast.capture.plan import plan_capture
 
     cache, commits, corpus = hub
     options = CaptureOptions(model=f"{repo_id('qwen3')}@{BRANCH}", seq_len=131072, bucket_size=8192,
@@ -158,8 +158,8 @@ def test_qwen3_at_131072_tokens_with_yarn_from_a_hub_revision(hub, hub_cache, tm
 
 @pytest.mark.parametrize("arch", ["llama3", "smollm3", "mllama"])
 def test_architectures_from_hub_revisions_beyond_the_kernel_limit(arch, hub, hub_cache, tmp_path):
-    from qkplast.capture import run_capture
-    from qkplast.models import load_model
+    from qkplast.capture.driver import run_capture
+    from qkplast.capture.models import load_model
 
     cache, commits, corpus = hub
     options = CaptureOptions(model=f"{repo_id(arch)}@{BRANCH}", seq_len=32768, bucket_size=2048, corpus=str(corpus),
@@ -184,7 +184,7 @@ CLI_SEQ_LEN = int(os.environ.get("QKPLAST_REHEARSAL_SEQ_LEN", "32768"))
 
 
 def _qkplast(argv, cache, timeout):
-    return subprocess.run([sys.executable, "-m", "qkplast.cli", *argv], env=_env(cache), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *argv], env=_env(cache), capture_output=True,
                           text=True, timeout=timeout)
 
 

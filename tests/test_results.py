@@ -7,9 +7,11 @@ import pytest
 from scipy import stats
 
 import qkplast
-from qkplast import reference, results
-from qkplast.plasticity import PlasticityWarning
-from qkplast.synthetic import planted_capture
+from qkplast.results import reference
+from qkplast.results import tables as results
+from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.stats.verdict import null_verdict
+from qkplast.theory.planted import planted_capture
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,7 @@ def test_thesis_tables():
 def test_trajectory_table_and_corpus_comparison(metrics):
     t = results.trajectory_table({"a": metrics, "b": metrics})
     assert list(t.index) == ["a", "b"] and t.loc["a", "AP_drop"] == pytest.approx(float(metrics.ap_drop.mean()))
-    from qkplast.bootstrap import bootstrap
+    from qkplast.stats.bootstrap import bootstrap
 
     cap, _ = planted_capture(n_heads=2, dim=8, seq_len=1024, bucket_size=128, n_docs=6, samples_per_bucket=2, seed=1)
     b = bootstrap(cap, n_boot=3, n_pairs=16)
@@ -110,9 +112,9 @@ def test_checkpoint_metrics_over_local_checkpoints(tmp_path, monkeypatch):
     assert list(got) == ckpts
     table = results.trajectory_table(got)
     assert table.shape == (2, 6) and table.iloc[0]["bias_str"] != table.iloc[1]["bias_str"]
-    import qkplast.capture
+    import qkplast.capture.driver
 
-    monkeypatch.setattr(qkplast.capture, "run_capture", lambda *a, **k: pytest.fail("recaptured"))
+    monkeypatch.setattr(qkplast.capture.driver, "run_capture", lambda *a, **k: pytest.fail("recaptured"))
     again = results.checkpoint_metrics(ckpts, tmp_path / "run", **params)
     assert again[ckpts[0]].identical(got[ckpts[0]])
 
@@ -147,12 +149,12 @@ def test_edge_buckets_follow_the_options(metrics):
 def test_null_verdict_wording_follows_the_comparison():
     rng = np.random.default_rng(0)
     null = rng.normal(0, 1, 999)
-    strong = results.null_verdict(4.0, null, null_name="shuffle")
+    strong = null_verdict(4.0, null, null_name="shuffle")
     assert strong["confirmed"] and strong["word"] == "confirmed" and strong["p"] == pytest.approx(1 / 1000)
     assert "shuffle (999 replicates)" in strong["text"] and "confirmed" in strong["text"]
-    weak = results.null_verdict(0.5, null)
+    weak = null_verdict(0.5, null)
     assert not weak["confirmed"] and weak["word"] == "not distinguishable from the null"
     assert weak["p"] == pytest.approx((1 + (null >= 0.5).sum()) / 1000)
-    assert results.null_verdict(-4.0, null, alternative="less")["confirmed"]
+    assert null_verdict(-4.0, null, alternative="less")["confirmed"]
     with pytest.raises(ValueError, match="empty"):
-        results.null_verdict(1.0, [np.nan])
+        null_verdict(1.0, [np.nan])

@@ -4,8 +4,8 @@ linear position covariance."""
 import numpy as np
 import pytest
 
-from qkplast.rotation import rotation
-from qkplast.synthetic import planted_capture
+from qkplast.analysis.rotation import rotation
+from qkplast.theory.planted import planted_capture
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_key_position_slope_is_the_slope_of_the_mean_score(planted):
     bias_strength plus the part of the key drift off axis a."""
     import numpy as np
 
-    from qkplast.rotation import rotation
+    from qkplast.analysis.rotation import rotation
 
     cap = planted[0] if isinstance(planted, tuple) else planted
     r = rotation(cap, device="cpu")

@@ -1,11 +1,11 @@
-"""qkplast.signs: float32 sign sums certified by a rounding bound equal the float64 product's, on planted near-ties."""
+"""qkplast.analysis.signs: float32 sign sums certified by a rounding bound equal the float64 product's, on planted near-ties."""
 
 import numpy as np
 import pytest
 import torch
 
-from qkplast import signs
-from qkplast.signs import bucket_rows, float64_sign_sums, sign_bound, sign_sums
+from qkplast.analysis import signs
+from qkplast.analysis.signs import bucket_rows, float64_sign_sums, sign_bound, sign_sums
 
 
 def layout(n_bucket, n_slot, counts, n_sample):
@@ -146,8 +146,8 @@ def test_the_analysis_chunks_give_the_same_monte_carlo_in_any_block_size(monkeyp
     """pair_kernel's cache-sized blocks of heads change no value."""
     import warnings
 
-    from qkplast import plasticity as module
-    from qkplast.synthetic import planted_capture
+    from qkplast.analysis import plasticity as module
+    from qkplast.theory.planted import planted_capture
 
     cap, _ = planted_capture(n_heads=5, dim=16, n_docs=12, samples_per_bucket=3, seed=2)
     with warnings.catch_warnings():

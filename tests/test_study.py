@@ -14,9 +14,9 @@ import pytest
 import transformers as T
 import yaml
 
-from qkplast import reference
-from qkplast.cli import main
-from qkplast.study import (STAGES, StudyError, format_status, is_done, load_study, parse_study, slug, status)
+from qkplast.results import reference
+from qkplast.pipeline.cli import main
+from qkplast.pipeline.study import (STAGES, StudyError, format_status, is_done, load_study, parse_study, slug, status)
 from test_capture import COMMON, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_checkpoint_study_matches_table_5_2():
         assert stage == {"stage1": "stage1", "stage2": "stage2", "stage3": "stage3",
                          "lc_4k_32k": "lc-4k-to-32k", "lc_32k_64k": "lc-32k-to-64k"}[row.stage]
         assert r.capture.revision.endswith(f"-step-{row.steps}")
-    from qkplast.crossrun import is_checkpoint_series
+    from qkplast.results.crossrun import is_checkpoint_series
 
     assert is_checkpoint_series(study)
 
@@ -130,7 +130,7 @@ def test_local_study_is_the_embedded_model_on_this_machine():
     assert len(study.runs) >= 3 and {r.capture.model for r in study.runs} == {"smollm2-135m"}
     assert {r.capture.device for r in study.runs} == {"cpu"}
     assert all(r.capture.seq_len <= 8192 for r in study.runs)  # SmolLM2-135M's context
-    from qkplast.crossrun import is_checkpoint_series
+    from qkplast.results.crossrun import is_checkpoint_series
 
     assert not is_checkpoint_series(study)
 
@@ -164,7 +164,7 @@ def _env() -> dict:
 
 
 def _qkplast(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qkplast.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *args], capture_output=True, text=True,
                           env=env or _env(), timeout=timeout)
 
 
@@ -284,8 +284,8 @@ def planted_study(tmp_path_factory):
     import numpy as np
 
     import qkplast
-    from qkplast.plasticity import PlasticityWarning
-    from qkplast.synthetic import planted_capture
+    from qkplast.analysis.plasticity import PlasticityWarning
+    from qkplast.theory.planted import planted_capture
 
     root = tmp_path_factory.mktemp("study")
     path = _write(root / "s.yaml", {"name": "planted", "out": str(root / "out"), "models": [
@@ -306,7 +306,7 @@ def planted_study(tmp_path_factory):
 
 
 def test_cross_run_tables_have_a_row_per_run_in_study_order(planted_study):
-    from qkplast import crossrun
+    from qkplast.results import crossrun
 
     assert list(crossrun.study_metrics(planted_study)) == ["Qwen-3-4B", "meta-llama-llama-3.2-3b", "x-other"]
     assert crossrun.missing_runs(planted_study) == ["x-never-ran"]
@@ -326,7 +326,7 @@ def test_cross_run_tables_have_a_row_per_run_in_study_order(planted_study):
 
 
 def test_benchmark_matches_pair_runs_with_their_thesis_model(planted_study):
-    from qkplast import crossrun
+    from qkplast.results import crossrun
 
     assert crossrun.thesis_model("Qwen-3-4B", "whatever") == "Qwen-3-4B"
     assert crossrun.thesis_model("r", "mistralai/Ministral-3-14B-Base-2512") == "Ministral-3-14B"
@@ -344,7 +344,7 @@ def test_benchmark_matches_pair_runs_with_their_thesis_model(planted_study):
 def test_head_bootstrap_interval_covers_the_mean_and_shrinks_with_more_heads():
     import numpy as np
 
-    from qkplast.crossrun import head_bootstrap
+    from qkplast.results.crossrun import head_bootstrap
 
     rng = np.random.default_rng(0)
     small, large = rng.normal(0.1, 0.05, 20), rng.normal(0.1, 0.05, 2000)
@@ -355,7 +355,7 @@ def test_head_bootstrap_interval_covers_the_mean_and_shrinks_with_more_heads():
 def test_injected_parameters_fold_into_the_parameters_cell(tmp_path):
     import nbformat
 
-    from qkplast.crossrun import fold_injected_parameters
+    from qkplast.results.crossrun import fold_injected_parameters
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# t"),
@@ -374,7 +374,8 @@ def test_injected_parameters_fold_into_the_parameters_cell(tmp_path):
 
 
 def test_compare_reads_every_analysed_run_of_a_study(planted_study, tmp_path, capsys):
-    from qkplast import batch, crossrun
+    from qkplast.pipeline import batch
+    from qkplast.results import crossrun
 
     table = batch.compare([planted_study.source])
     assert list(table.index) == ["Qwen-3-4B", "meta-llama-llama-3.2-3b", "x-other"]  # study order, analysed runs
@@ -387,7 +388,7 @@ def test_compare_reads_every_analysed_run_of_a_study(planted_study, tmp_path, ca
 def test_a_checkpoint_series_gets_the_trajectory_in_study_order(planted_study, tmp_path):
     import shutil
 
-    from qkplast import crossrun
+    from qkplast.results import crossrun
 
     path = _write(tmp_path / "c.yaml", {"name": "series", "out": str(tmp_path / "out"), "models": [
         {"id": "org/ckpts@stage1-step-40000", "name": "stg1_40k"}, {"id": "org/ckpts@lc-x", "name": "late"}]})
@@ -402,7 +403,7 @@ def test_a_checkpoint_series_gets_the_trajectory_in_study_order(planted_study, t
 
 
 def test_a_live_run_is_not_submitted_twice_and_a_dead_one_is_failed(tmp_path, capsys):
-    from qkplast.study import STATE, submit
+    from qkplast.pipeline.study import STATE, submit
 
     path = _write(tmp_path / "s.yaml", {"name": "s", "out": str(tmp_path / "o"), "models": [{"id": "a/b"}]})
     study = load_study(path)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from qkplast import theory
+from qkplast.theory import checks as theory
 
 
 def test_lemma_a1_passes_and_reports_diagonal_gap():
@@ -100,7 +100,7 @@ def test_population_rate_limit_ignores_intercepts_and_scales_with_parameters():
 
 
 def test_key_slope_sign_null_separates_planted_drift_from_a_shuffle():
-    from qkplast.synthetic import planted_capture
+    from qkplast.theory.planted import planted_capture
 
     cap, _ = planted_capture(n_heads=6, dim=8, seq_len=1024, bucket_size=128, n_docs=4, samples_per_bucket=4, seed=2)
     res = theory.key_slope_sign_null(cap, n_perm=40, seed=0, chunk=16)
@@ -108,7 +108,7 @@ def test_key_slope_sign_null_separates_planted_drift_from_a_shuffle():
     import warnings
 
     import qkplast
-    from qkplast.plasticity import PlasticityWarning
+    from qkplast.analysis.plasticity import PlasticityWarning
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 has no pairs: irrelevant to the signs
         rot = qkplast.analyze(cap, n_pairs=8)

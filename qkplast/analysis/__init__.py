@@ -1,0 +1,20 @@
+"""Analysis: a capture in, per-head metrics out (thesis sections 4.2-4.4 and the chapters beyond it).
+
+Never loads a model. :func:`analyze` (:mod:`~qkplast.analysis.metrics`) makes one pass over the heads:
+shared cloud moments (:mod:`~qkplast.analysis.moments`), PCA (:mod:`~qkplast.analysis.pca`), the planar
+rotation model (:mod:`~qkplast.analysis.rotation`) and attention plasticity
+(:mod:`~qkplast.analysis.plasticity`, with certified Monte Carlo signs in :mod:`~qkplast.analysis.signs`),
+then listwise plasticity (:mod:`~qkplast.analysis.listwise`) and the AP_drop decomposition
+(:mod:`~qkplast.analysis.decompose`). :mod:`~qkplast.analysis.gqa` and :mod:`~qkplast.analysis.pooling`
+read metrics or captures for their own questions.
+"""
+
+from qkplast.analysis.decompose import decompose_drop
+from qkplast.analysis.gqa import gqa_similarity
+from qkplast.analysis.metrics import analyze, thesis_metrics
+from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.analysis.pooling import pooling_table
+
+# pca, rotation, plasticity and listwise are both modules and their one public function: the functions stay
+# in their modules (qkplast.analysis.pca.pca, ...) so that the module names are not shadowed here
+__all__ = ["PlasticityWarning", "analyze", "decompose_drop", "gqa_similarity", "pooling_table", "thesis_metrics"]

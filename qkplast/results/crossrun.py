@@ -1,0 +1,298 @@
+"""Results across the runs of a study: the cross-model tables and figures of chapter 6.
+
+The results notebooks take a ``study`` parameter (a study file or directory); with one, their
+study cells call these functions, which read every run's ``metrics.nc`` in study order and set the
+runs beside the thesis's rows: Table 6.1 (plasticity by fifth of the context), the profiles figure,
+Fig. 6.7 (AP_drop against LongBench-Pro, for runs of a model the thesis scored) and, when the study is
+a checkpoint series, the Table 6.2 trajectory. :func:`compare_tables` gives the same tables for
+``qkplast compare``; :func:`fold_injected_parameters` is the book's post-processing of executed
+notebooks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+
+from qkplast.results import reference
+from qkplast.results import tables as results
+from qkplast.io import open_dataset
+from qkplast.pipeline.study import Study, load_study
+
+N_BOOT = 1000
+
+
+def as_study(study: str | os.PathLike | Study) -> Study:
+    return study if isinstance(study, Study) else load_study(study)
+
+
+def study_metrics(study: str | os.PathLike | Study) -> dict[str, xr.Dataset]:
+    """``{run name: metrics}`` for every run of the study that has its analysis, in study order.
+
+    Runs without ``metrics.nc`` yet are left out and listed in ``attrs``-like ``missing`` of the result's
+    caller via :func:`missing_runs`.
+    """
+    study = as_study(study)
+    return {r.name: open_dataset(r.run_dir / "metrics.nc") for r in study.runs if (r.run_dir / "metrics.nc").exists()}
+
+
+def missing_runs(study: str | os.PathLike | Study) -> list[str]:
+    study = as_study(study)
+    return [r.name for r in study.runs if not (r.run_dir / "metrics.nc").exists()]
+
+
+def head_bootstrap(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the mean over heads, resampling heads with replacement.
+
+    One vectorised draw of ``n_boot x n_heads`` indices (float64). It measures how much the model-level
+    mean depends on which heads were sampled, not the variation over documents.
+    """
+    x = torch.as_tensor(values[~np.isnan(values)], dtype=torch.float64)  # [head]
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(x), (n_boot, len(x)), generator=gen)  # [replicate, head]
+    means = x[idx].mean(1)  # [replicate]
+    q = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return float(q[0]), float(q[1])
+
+
+def table_6_1(study: str | os.PathLike | Study, include_thesis: bool = True) -> pd.DataFrame:
+    """Table 6.1's layout with one row per run (study order) above the thesis's rows.
+
+    The extra column is the 95% percentile interval of the run's AP_drop over heads (1000 replicates).
+    """
+    metrics = study_metrics(study)
+    if not metrics:
+        raise ValueError(f"no run of study {as_study(study).name!r} has been analysed yet; run qkplast study first")
+    table = results.quintile_table(metrics, include_thesis=include_thesis)
+    col = "AP_drop 95% interval (heads)"
+    table[col] = ""
+    for group, model in table.index:
+        if model in metrics and not group.startswith("thesis"):
+            lo, hi = head_bootstrap(metrics[model].ap_drop.values)
+            table.loc[(group, model), col] = f"[{lo:.3f}, {hi:.3f}]"
+    return table
+
+
+def geometry_across(study: str | os.PathLike | Study) -> pd.DataFrame:
+    """Section 6.1's quantities (rows) for the thesis and each run of the study (columns, study order)."""
+    metrics = study_metrics(study)
+    if not metrics:
+        raise ValueError(f"no run of study {as_study(study).name!r} has been analysed yet; run qkplast study first")
+    tables = {name: results.geometry_table(m) for name, m in metrics.items()}
+    first = next(iter(tables.values()))
+    return pd.concat([first[["thesis"]], *[t[["this run"]].rename(columns={"this run": n}) for n, t in tables.items()]],
+                     axis=1)
+
+
+def profiles(study: str | os.PathLike | Study) -> xr.DataArray:
+    """Mean plasticity over the context fraction bins per run (dims ``run, context_bin``), study order."""
+    metrics = study_metrics(study)
+    return xr.concat([m.ap_context.mean("head").expand_dims(run=[name]) for name, m in metrics.items()], "run")
+
+
+def profiles_figure(study: str | os.PathLike | Study):
+    """Table 6.1's profiles: the thesis's models thin (by family), each run of the study bold in its own colour."""
+    import matplotlib.pyplot as plt
+
+    table = table_6_1(study)
+    fig, ax = plt.subplots(figsize=(7.4, 4.6), layout="constrained")
+    x = np.arange(5)
+    family = {"Ministral-3": "tab:green", "Qwen-3": "tab:purple", "Llama-3.2": "tab:orange"}
+    ours = [(g, m) for g, m in table.index if not g.startswith("thesis")]
+    for (group, model), row in table.iterrows():
+        if group.startswith("thesis"):
+            name = group.removeprefix("thesis: ")
+            first = model == table.loc[group].index[0]
+            ax.plot(x, row.iloc[:5].to_numpy(float), "-", lw=1, alpha=0.5, color=family.get(name, "0.6"),
+                    label=f"thesis: {name}" if first else None)
+    colors = plt.get_cmap("tab10" if len(ours) <= 10 else "tab20")
+    for i, (group, model) in enumerate(ours):
+        corpus = group.removeprefix("this project (").rstrip(")")
+        ax.plot(x, table.loc[(group, model)].iloc[:5].to_numpy(float), "-", lw=2.5, color=colors(i % colors.N),
+                marker="osD^v<>ph*"[i % 10], label=f"{model} ({corpus})")
+    ax.set_xticks(x, list(table.columns[:5]))
+    ax.set(xlabel="query position (share of the context window)", ylabel="mean attention plasticity",
+           title=f"study {as_study(study).name}: plasticity by fifth of the context (Table 6.1 layout)")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def thesis_model(run_name: str, model_id: str) -> str | None:
+    """The thesis model (models.csv) a run is of: by run name, else by the hub id's name part."""
+    names = reference.load("models").model.tolist()
+    by_norm = {_norm(n): n for n in names}
+    if _norm(run_name) in by_norm:
+        return by_norm[_norm(run_name)]
+    repo = _norm(model_id.split("@")[0].split("/")[-1])
+    # hub names spell the family without the thesis's dash (Qwen3 vs Qwen-3) and may add -Base-2512
+    return next((n for k, n in sorted(by_norm.items(), key=lambda kv: -len(kv[0])) if repo.startswith(k)), None)
+
+
+def benchmark_matches(study: str | os.PathLike | Study) -> pd.DataFrame:
+    """Runs of a thesis model with a LongBench-Pro score: their AP_drop beside the thesis's (Table 6.3)."""
+    study = as_study(study)
+    metrics = study_metrics(study)
+    lb = reference.load("longbench_matched").set_index("model")
+    rows = []
+    for r in study.runs:
+        thesis = thesis_model(r.name, r.id)
+        if r.name in metrics and thesis in lb.index:
+            drop = metrics[r.name].ap_drop.values
+            lo, hi = head_bootstrap(drop)
+            rows.append({"run": r.name, "thesis model": thesis, "LongBench-Pro": lb.loc[thesis, "lbp_score"],
+                         "thesis AP_drop": lb.loc[thesis, "ap_drop"], "run AP_drop": float(np.nanmean(drop)),
+                         "run AP_drop 95% interval (heads)": f"[{lo:.3f}, {hi:.3f}]"})
+    return pd.DataFrame(rows, columns=["run", "thesis model", "LongBench-Pro", "thesis AP_drop", "run AP_drop",
+                                       "run AP_drop 95% interval (heads)"]).set_index("run")
+
+
+def benchmark_figure(study: str | os.PathLike | Study):
+    """Fig. 6.7 with the thesis's seven models and, beside each matched run, the run's AP_drop at its model's score."""
+    import qkplast.results.figures as qp
+
+    matches = benchmark_matches(study)
+    fig = qp.benchmark_scatter(reference.load("longbench_matched"))
+    ax = fig.axes[0]
+    if len(matches):
+        ax.scatter(matches["run AP_drop"], matches["LongBench-Pro"], marker="x", s=70, color="k", label="this study's runs")
+        for run, row in matches.iterrows():
+            ax.annotate(run, (row["run AP_drop"], row["LongBench-Pro"]), fontsize=7, xytext=(3, -9),
+                        textcoords="offset points")
+        ax.legend(fontsize=8)
+    return fig
+
+
+def is_checkpoint_series(study: str | os.PathLike | Study) -> bool:
+    """Whether every run is a revision of one and the same model (a training trajectory)."""
+    study = as_study(study)
+    models = {r.capture.model for r in study.runs}
+    revisions = [r.capture.revision for r in study.runs]
+    return len(study.runs) > 1 and len(models) == 1 and all(revisions) and len(set(revisions)) == len(revisions)
+
+
+def trajectory(study: str | os.PathLike | Study) -> pd.DataFrame:
+    """Table 6.2's columns for the study's checkpoints in study order, with the thesis's row of the same index."""
+    study = as_study(study)
+    metrics = study_metrics(study)
+    ours = results.trajectory_table(metrics)
+    thesis = results.thesis_trajectory().reset_index()
+    ckpts = reference.load("smollm3_checkpoints").checkpoint.tolist()
+    ours["thesis row"] = [thesis.label[ckpts.index(n)] if n in ckpts else "" for n in ours.index]
+    return ours
+
+
+def compare_tables(study: str | os.PathLike | Study) -> dict[str, pd.DataFrame]:
+    """Every cross-run table of the study, by file stem (what ``qkplast compare`` writes as CSV)."""
+    from qkplast.pipeline.batch import compare
+
+    study = as_study(study)
+    dirs = [r.run_dir for r in study.runs if (r.run_dir / "metrics.nc").exists()]
+    tables = {"summary": compare(dirs), "geometry": geometry_across(study), "table_6_1": table_6_1(study),
+              "benchmark": benchmark_matches(study)}
+    if is_checkpoint_series(study):
+        tables["trajectory"] = trajectory(study)
+    return tables
+
+
+def expand_runs(paths) -> list[Path]:
+    """Run directories of the arguments of ``qkplast compare``: a study file or study directory stands for
+    its analysed runs in study order; any other path is a run directory."""
+    out = []
+    for p in map(Path, paths):
+        if p.suffix in (".yaml", ".yml") or (p / "study.json").exists():
+            out += [r.run_dir for r in as_study(p).runs if (r.run_dir / "metrics.nc").exists()]
+        else:
+            out.append(p)
+    return out
+
+
+def write_compare(study: str | os.PathLike | Study, out: str | os.PathLike) -> list[Path]:
+    """Write :func:`compare_tables` as ``OUT/<stem>.csv``; returns the paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for stem, table in compare_tables(study).items():
+        paths.append(out / f"{stem}.csv")
+        table.to_csv(paths[-1])
+    return paths
+
+
+# --------------------------------------------------------------------------- the book's notebooks
+
+
+def fold_injected_parameters(path: str | os.PathLike) -> bool:
+    """Fold papermill's injected-parameters cell into the tagged parameters cell and drop it.
+
+    Each assignment of the injected cell replaces the line assigning the same name in the parameters
+    cell (its comment kept), so a reader sees one parameters cell holding the run's values; names the
+    parameters cell does not declare are appended. Returns whether the notebook changed.
+    """
+    import nbformat
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    injected = [i for i, c in enumerate(nb.cells) if "injected-parameters" in c.metadata.get("tags", [])]
+    params = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    if not injected or not params:
+        return False
+    values = _assignments(nb.cells[injected[0]].source)
+    lines = nb.cells[params[0]].source.splitlines()
+    seen = set()
+    for i, line in enumerate(lines):
+        m = re.match(r"^([A-Za-z_]\w*)\s*=\s*(.*?)(\s+#.*)?$", line)
+        if m and m.group(1) in values:
+            lines[i] = f"{m.group(1)} = {values[m.group(1)]}{m.group(3) or ''}"
+            seen.add(m.group(1))
+    lines += [f"{k} = {v}" for k, v in values.items() if k not in seen]
+    nb.cells[params[0]].source = "\n".join(lines)
+    del nb.cells[injected[0]]
+    nbformat.write(nb, path)
+    return True
+
+
+def _assignments(source: str) -> dict[str, str]:
+    """``name = expression`` lines of papermill's injected cell, as source text."""
+    out = {}
+    for line in source.splitlines():
+        m = re.match(r"^([A-Za-z_]\w*)\s*=\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).rstrip()
+    return out
+
+
+def book_notebooks(study: str | os.PathLike | Study, target: str | os.PathLike) -> list[Path]:
+    """Execute every notebook for the study's first run with ``study`` set, into ``target``, folded.
+
+    The first run of the study is the book's reference run (its pages show that run in detail); the
+    results chapters' study cells read every run. Runs must have been analysed (``qkplast study
+    STUDY --stage analyze``).
+    """
+    from qkplast.pipeline.study import execute_run
+
+    study = as_study(study)
+    first = study.runs[0]
+    target = Path(target)
+    execute_run(first, "notebooks", parameters={"study": str(study.out)})
+    target.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for nb in sorted((first.run_dir / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        paths.append(target / nb.name)
+        paths[-1].write_bytes(nb.read_bytes())
+        fold_injected_parameters(paths[-1])
+    return paths
+
+
+__all__ = ["benchmark_figure", "benchmark_matches", "book_notebooks", "compare_tables", "fold_injected_parameters",
+           "expand_runs", "geometry_across", "profiles_figure",
+           "head_bootstrap", "is_checkpoint_series", "missing_runs", "profiles", "study_metrics", "table_6_1",
+           "thesis_model", "trajectory", "write_compare"]

@@ -1,0 +1,13 @@
+"""Statistics: captures and metrics in, intervals, permutation nulls and verdicts out.
+
+Documents are the unit of every interval on a capture. :func:`bootstrap` (:mod:`~qkplast.stats.bootstrap`)
+resamples documents, through the reweighted sufficient statistics of :mod:`~qkplast.stats.reweight`;
+:mod:`~qkplast.stats.nulls` holds the corrections page's permutation nulls and
+:mod:`~qkplast.stats.verdict` turns an estimate and its null into a verdict word.
+"""
+
+from qkplast.stats.bootstrap import bca_interval, bootstrap
+from qkplast.stats.reweight import reweighted_statistics
+from qkplast.stats.verdict import null_verdict
+
+__all__ = ["bca_interval", "bootstrap", "null_verdict", "reweighted_statistics"]

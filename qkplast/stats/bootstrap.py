@@ -1,0 +1,200 @@
+"""Bootstrap confidence intervals over documents (the thesis reports none; section 7.5 names its limits).
+
+The thesis reports point estimates. The unit of independent sampling in a
+capture is the document: positions within one document share its content. A
+replicate draws as many documents as the capture has, with replacement.
+
+Two ways to compute a replicate, with the same statistics:
+
+* ``method="reweight"`` (default; :mod:`qkplast.stats.reweight`): a replicate differs
+  from the capture only in how often each document appears, so every moment
+  is a reweighting of per-document sums, batched over replicates. The
+  Householder basis, the positional fit, the per-bucket query model and the
+  rotation axes are all recomputed per replicate; the key pairs are the full
+  capture's, each weighted by its document's copy count.
+* ``method="exact"``: the replicate is materialised (each drawn copy keeps its
+  own id ``doc#copy`` so key pairs never straddle two copies) and re-analysed,
+  key pairs redrawn. Slow; the reference, and the only way for options that
+  reweighting cannot express (:func:`qkplast.stats.reweight.supports`).
+
+Intervals (level 0.95 by default) are for the model-level means over heads:
+basic, percentile and BCa (bias-corrected and accelerated; the acceleration
+from a jackknife over documents, Efron 1987).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+import xarray as xr
+from scipy import stats
+from tqdm.auto import tqdm
+
+from qkplast._torch import as_f64, resolve_device
+from qkplast.options import AnalysisOptions
+from qkplast.analysis.plasticity import closed_form_ap, summarize_profile
+from qkplast.stats.reweight import STATISTICS, reweighted_statistics, supports
+from qkplast.analysis.rotation import rotation_kernel
+
+METRICS = STATISTICS
+#: replicates by default: enough for 95% percentile and BCa end points
+DEFAULT_REPLICATES = 1000
+
+
+def resample_documents(capture: xr.Dataset, rng: np.random.Generator) -> xr.Dataset:
+    """One bootstrap replicate: documents drawn with replacement, each copy a distinct document."""
+    docs, code = np.unique(capture.doc.values, return_inverse=True)
+    members = [np.flatnonzero(code == d) for d in range(len(docs))]
+    pick = rng.integers(0, len(docs), len(docs))
+    idx = np.concatenate([members[d] for d in pick])
+    new_doc = np.concatenate([np.full(len(members[d]), f"{docs[d]}#{c}") for c, d in enumerate(pick)])
+    return capture.isel(sample=idx).assign_coords(doc=("sample", new_doc))
+
+
+def model_level(capture: xr.Dataset, options: AnalysisOptions) -> dict[str, float]:
+    """Means over heads of the closed-form plasticity aggregates, bias_strength and key_position_slope."""
+    ap, lay = closed_form_ap(capture, options)
+    agg = summarize_profile(ap, lay.pairs.tau, lay.width, lay.counts, int(capture.attrs["seq_len"]), options)
+    dev = resolve_device(options.device)
+    t = as_f64(capture["position"], dev)
+    rot = [rotation_kernel(as_f64(capture["q"].values[s: s + 64], dev), as_f64(capture["k"].values[s: s + 64], dev), t)
+           for s in range(0, capture.sizes["head"], 64)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = {name: float(np.nanmean(agg[name][1])) for name in METRICS[:4]}
+    for name in METRICS[4:]:
+        out[name] = float(torch.cat([r[name] for r in rot]).mean())
+    return out
+
+
+def document_weights(n_docs: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Copies of each document in each replicate ``[replicate, document]``: multinomial draws."""
+    pick = rng.integers(0, n_docs, (n_boot, n_docs))
+    return np.stack([np.bincount(row, minlength=n_docs) for row in pick]).astype(float)
+
+
+#: replicates this close to the estimate (relative) are ties in BCa's bias correction (:func:`bca_interval`)
+TIE_RTOL = 1e-9
+
+
+def bca_interval(reps: np.ndarray, est: np.ndarray, jack: np.ndarray, level: float):
+    """BCa end points per metric from replicates ``[replicate, metric]``, the estimate and jackknife values
+    ``[document, metric]``; also returns ``z0`` (bias correction) and ``a`` (acceleration).
+
+    ``z0 = Phi^-1(share of replicates below the estimate)``, ties counted half. Over a few documents many
+    replicates are the original sample itself (each document drawn once: ``n!/n^n``, 9 % at 4 documents);
+    they equal the estimate in exact arithmetic but are computed another way (reweighting), so they land a
+    rounding error above or below it, and which side depends on the machine. A strict ``<`` would move ``z0``
+    by up to ``Phi^-1`` of that share and the BCa end points with it, so replicates within
+    :data:`TIE_RTOL` of the estimate (relative to the larger of ``|estimate|`` and the replicates' spread)
+    count as ties.
+    """
+    alpha = (1 - level) / 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tol = TIE_RTOL * np.maximum(np.abs(est), np.nanstd(reps, 0))  # [metric]
+        tie = np.abs(reps - est) <= tol  # [replicate, metric]
+        frac = (np.sum((reps < est) & ~tie, 0) + 0.5 * np.sum(tie, 0)) / np.sum(~np.isnan(reps), 0)
+        z0 = stats.norm.ppf(np.clip(frac, 1e-12, 1 - 1e-12))
+        dev = np.nanmean(jack, 0) - jack
+        a = np.sum(dev**3, 0) / (6 * np.sum(dev**2, 0) ** 1.5)
+    ends = []
+    for z in (stats.norm.ppf(alpha), stats.norm.ppf(1 - alpha)):
+        adj = stats.norm.cdf(z0 + (z0 + z) / (1 - a * (z0 + z)))
+        ends.append(np.array([np.nanquantile(reps[:, m], adj[m]) if np.isfinite(adj[m]) else np.nan
+                              for m in range(reps.shape[1])]))
+    return ends[0], ends[1], z0, a
+
+
+def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: float = 0.95, seed: int = 0,
+              options: AnalysisOptions | None = None, progress: bool = False, method: str = "auto",
+              **overrides) -> xr.Dataset:
+    """Bootstrap over documents of the model-level AP aggregates, bias_strength and key_position_slope.
+
+    Parameters
+    ----------
+    n_boot : int
+        Replicates (1000 by default).
+    method : {"auto", "reweight", "exact"}
+        ``reweight``: batched reweighting of per-document sufficient statistics
+        (:mod:`qkplast.stats.reweight`); ``exact``: re-analysis of each materialised
+        replicate with redrawn key pairs; ``auto``: reweight when the options
+        allow it, else exact.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``metric``: ``estimate`` (full capture), ``lo``/``hi`` (basic
+        interval), ``lo_percentile``/``hi_percentile``, ``lo_bca``/``hi_bca``
+        (BCa, acceleration from the jackknife over documents ``jackknife``),
+        ``bias`` (mean of the replicates minus the estimate), ``se`` (bootstrap
+        standard error), ``z0``, ``acceleration``, ``replicates`` (``metric,
+        replicate``). Attrs: ``n_boot``, ``level``, ``seed``, ``n_docs``,
+        ``method`` (which computation and which intervals, in words).
+
+    Notes
+    -----
+    A replicate repeats documents, which shrinks the per-bucket query variances,
+    makes score differences look more decisive and lowers plasticity: the
+    replicates are biased low. The basic interval ``[2 est - q_hi, 2 est - q_lo]``
+    uses only their spread around their own centre; the percentile interval
+    inherits the shift; BCa corrects it through ``z0``. All three are
+    returned, with the bias, so the reader can judge.
+    """
+    if n_boot < 2:
+        raise ValueError(f"n_boot must be at least 2, got {n_boot}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    if method not in ("auto", "reweight", "exact"):
+        raise ValueError(f"method must be 'auto', 'reweight' or 'exact', got {method!r}")
+    docs = np.unique(capture.doc.values)
+    n_docs = len(docs)
+    if n_docs < 2:
+        raise ValueError(f"a bootstrap over documents needs at least two documents, the capture has {n_docs}")
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
+    if method == "auto":
+        method = "reweight" if supports(opt) else "exact"
+    rng = np.random.default_rng(seed)
+    est = np.array([model_level(capture, opt)[m] for m in METRICS])
+    jack_w = 1.0 - np.eye(n_docs)
+    if method == "reweight":
+        reps = reweighted_statistics(capture, document_weights(n_docs, n_boot, rng), opt)  # [replicate, metric]
+        jack = reweighted_statistics(capture, jack_w, opt)
+    else:
+        reps = np.array([list(model_level(resample_documents(capture, rng), opt).values())
+                         for _ in tqdm(range(n_boot), desc="bootstrap", disable=not progress)])
+        jack = np.array([list(model_level(capture.isel(sample=np.flatnonzero(capture.doc.values != d)), opt).values())
+                         for d in docs])
+    alpha = (1 - level) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a metric NaN in every replicate stays NaN
+        q_lo, q_hi = np.nanquantile(reps, alpha, axis=0), np.nanquantile(reps, 1 - alpha, axis=0)
+        lo_bca, hi_bca, z0, acc = bca_interval(reps, est, jack, level)
+        bias, se = np.nanmean(reps, axis=0) - est, np.nanstd(reps, axis=0, ddof=1)
+    how = ("per-document sufficient statistics reweighted, batched over replicates (key pairs of the full capture, "
+           "weighted by document copies)" if method == "reweight" else
+           "each replicate materialised and re-analysed, key pairs redrawn")
+    ds = xr.Dataset(
+        {
+            "estimate": ("metric", est),
+            "lo": ("metric", 2 * est - q_hi),
+            "hi": ("metric", 2 * est - q_lo),
+            "lo_percentile": ("metric", q_lo),
+            "hi_percentile": ("metric", q_hi),
+            "lo_bca": ("metric", lo_bca),
+            "hi_bca": ("metric", hi_bca),
+            "bias": ("metric", bias),
+            "se": ("metric", se),
+            "z0": ("metric", z0),
+            "acceleration": ("metric", acc),
+            "replicates": (("metric", "replicate"), reps.T),
+            "jackknife": (("metric", "document"), jack.T),
+        },
+        coords={"metric": list(METRICS), "document": docs},
+        attrs={"n_boot": n_boot, "level": level, "seed": seed, "n_docs": n_docs, "computation": method,
+               "method": (f"bootstrap over documents, {n_boot} replicates ({how}); lo/hi: basic interval, "
+                          f"lo_percentile/hi_percentile: percentile interval, lo_bca/hi_bca: BCa interval "
+                          f"(acceleration from the jackknife over {n_docs} documents), all at level {level}")},
+    )
+    return ds

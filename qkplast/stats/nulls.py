@@ -1,0 +1,295 @@
+"""Permutation null baselines for the corrections page's empirical claims (issue 9, item 11).
+
+Each observed ratio has a spread that is partly sampling noise of ~30 queries
+per bucket. A null breaks exactly the structure the claim is about and keeps
+everything else (the keys, the pairs, the per-coordinate distributions):
+
+* :func:`diagonal_null` (``v_diag / v_full``, eq. 4.12 vs Lemma A.1): each
+  rotated semantic coordinate is permuted independently across the bucket's
+  queries, which keeps every variance and destroys the off-diagonal
+  covariance. Under the null ``v_diag / v_full`` differs from 1 by noise only.
+* :func:`bucket_shuffle_null` (per head, median over the last bucket's pairs of
+  ``max_b v / min_b v``): bucket labels are permuted among the samples of each
+  document, so the buckets' statistics differ by sampling only.
+* :func:`independence_null` (``v_joint / v_indep``, assumption A.1-A.2): the
+  rotated coordinate 1 is permuted within each bucket, which breaks its
+  dependence on the semantic coordinates and keeps both marginals.
+
+Each returns an ``xarray.Dataset`` with the observed summary (``median``,
+``q05``, ``q95`` and the spread statistic tested) beside the same summary in
+every permutation (``null``), the null's median and 5-95% range of each
+summary, and the permutation p-value ``(1 + #{null >= observed}) / (1 +
+n_perm)`` of the spread statistic. Permutations are drawn once per query
+bucket (the same for every head, in the batched form), vectorised over
+permutations in chunks; to fit the CPU budget the pairs are a fixed random
+subset of each bucket's pairs (``pairs_per_bucket``; stated in the attrs) and
+the observed summary is reported on that subset and on all pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import xarray as xr
+
+from qkplast._torch import as_f64, resolve_device
+from qkplast.options import AnalysisOptions
+from qkplast.analysis.plasticity import plasticity_layout, query_model, rotate
+from qkplast.stats.verdict import null_verdict
+
+SUMMARIES = ("median", "q05", "q95", "spread")
+
+
+def _summary(x: torch.Tensor, spread: str) -> torch.Tensor:
+    """``[..., n] -> [..., 4]``: median, 5% and 95% quantiles and the spread statistic."""
+    q = torch.quantile(x, torch.tensor([0.5, 0.05, 0.95], dtype=x.dtype, device=x.device), dim=-1)  # [3, ...]
+    s = torch.log(q[2] / q[1]) if spread == "log_q95_over_q05" else q[0]
+    return torch.stack([q[0], q[1], q[2], s], -1)
+
+
+def _result(observed, observed_all, null, statistic, spread, n_perm, pairs, seed, how) -> xr.Dataset:
+    null = null.cpu().numpy()
+    obs = observed.cpu().numpy()
+    p = (1 + np.sum(null[:, 3] >= obs[3])) / (1 + n_perm)
+    return xr.Dataset(
+        {
+            "observed": ("summary", obs),
+            "observed_all_pairs": ("summary", observed_all.cpu().numpy()),
+            "null": (("permutation", "summary"), null),
+            "null_median": ("summary", np.median(null, 0)),
+            "null_q05": ("summary", np.quantile(null, 0.05, 0)),
+            "null_q95": ("summary", np.quantile(null, 0.95, 0)),
+            "p_value": ((), p),
+        },
+        coords={"summary": list(SUMMARIES)},
+        attrs={"statistic": statistic, "spread_statistic": spread, "n_perm": n_perm, "pairs_per_bucket": pairs,
+               "seed": seed, "null": how,
+               "p_value": "one-sided permutation p-value of the spread statistic: (1 + #{null >= observed}) / (1 + n_perm)"},
+    )
+
+
+class _Setup:
+    """Rotated queries per bucket (padded, centred), the pair subset's rotated key differences and the model."""
+
+    def __init__(self, capture, options, pairs_per_bucket, seed, positional_fit="global"):
+        opt = AnalysisOptions.from_kwargs(options, positional_fit=positional_fit, covariance="diagonal",
+                                          semantic_stats="per_bucket")
+        dev = resolve_device(opt.device)
+        lay = plasticity_layout(capture, opt, dev, warn=False)
+        _, qr, kr = rotate(as_f64(capture["q"], dev), as_f64(capture["k"], dev), lay.t)
+        self.model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
+        self.ok_bucket = torch.as_tensor(lay.counts >= opt.min_bucket_samples, device=dev)
+        rng = np.random.default_rng(seed)
+        valid = lay.pvalid.cpu().numpy()
+        n_bucket, n_sub = valid.shape[0], pairs_per_bucket
+        sub = np.zeros((n_bucket, n_sub), dtype=np.int64)
+        sub_ok = np.zeros((n_bucket, n_sub), dtype=bool)
+        for b in range(n_bucket):  # a loop over buckets only: choose each bucket's pair subset
+            idx = np.flatnonzero(valid[b])
+            take = rng.choice(idx, size=min(n_sub, idx.size), replace=False) if idx.size else idx
+            sub[b, : take.size], sub_ok[b, : take.size] = take, True
+        self.sub = torch.as_tensor(sub, device=dev)
+        self.sub_ok = torch.as_tensor(sub_ok, device=dev)
+        pi, pj = torch.gather(lay.pi, 1, self.sub), torch.gather(lay.pj, 1, self.sub)
+        self.delta = kr[:, pi] - kr[:, pj]  # [head, bucket, sub, dim]
+        self.delta_all = kr[:, lay.pi] - kr[:, lay.pj]  # [head, bucket, pair, dim]
+        self.valid_all = lay.pvalid
+        mean_b = torch.einsum("bs,hsd->hbd", lay.onehot, qr) / lay.onehot.sum(1).clamp_min(1)[:, None]
+        self.x = (qr[:, lay.qidx] - mean_b[:, :, None]) * lay.qmask[None, :, :, None]  # [head, bucket, n_max, dim]
+        self.qmask, self.n = lay.qmask, lay.qmask.sum(1).to(qr.dtype)  # [bucket]
+        self.qr, self.lay, self.dev = qr, lay, dev
+
+
+def _bucket_permutations(mask: torch.Tensor, n_perm: int, extra: tuple, gen: torch.Generator) -> torch.Tensor:
+    """Random permutations of each bucket's valid slots ``[perm, bucket, n_max, *extra]`` (padding stays put)."""
+    keys = torch.rand((n_perm, *mask.shape, *extra), generator=gen, dtype=torch.float64, device=mask.device)
+    pad = ~mask.reshape(1, *mask.shape, *([1] * len(extra)))
+    keys = keys.masked_fill(pad, 2.0)  # padding sorts last, so valid slots permute among themselves
+    return keys.argsort(dim=2)
+
+
+def _ratio_diag_full(delta, var_diag, x, n, sigma2):
+    """``v_diag / v_full`` ``[head, bucket, pair]`` from rotated deltas and centred queries (global fit)."""
+    v_diag = (delta * delta * var_diag[:, :, None]).sum(-1)
+    proj = torch.einsum("...hbmd,hbpd->...hbmp", x[..., 1:], delta[..., 1:])  # semantic score deviations
+    v_full = (proj * proj).sum(-2) / (n - 1)[:, None] + delta[..., 0] ** 2 * sigma2[:, None, None]
+    return v_diag / v_full
+
+
+def diagonal_null(capture: xr.Dataset, n_perm: int = 1000, pairs_per_bucket: int = 4, seed: int = 0,
+                  options: AnalysisOptions | None = None, perm_chunk: int = 8) -> xr.Dataset:
+    """``v_diag / v_full`` against a within-bucket permutation of each semantic coordinate (see module doc).
+
+    The spread statistic is ``log(q95 / q05)`` of the ratio over all (head,
+    bucket, pair) terms; the null keeps every coordinate's variance, hence
+    ``v_diag``, and recomputes ``v_full`` from the permuted queries.
+    """
+    s = _Setup(capture, options, pairs_per_bucket, seed)
+    gen = torch.Generator(device=s.dev).manual_seed(seed)
+    var, sig = s.model.cov, s.model.sigma2_pos
+    ok = s.sub_ok[None].expand(s.delta.shape[:3]) & s.ok_bucket[None, :, None]
+    spread = "log_q95_over_q05"
+    observed = _summary(_ratio_diag_full(s.delta, var, s.x, s.n, sig)[ok], spread)
+    ok_all = s.valid_all[None].expand(s.delta_all.shape[:3])
+    # all pairs (the same numbers as pair_statistics' v_diag / v_full)
+    observed_all = _summary(_ratio_diag_full(s.delta_all, var, s.x, s.n, sig)[ok_all], spread)
+    null = []
+    h, b, m, dim = s.x.shape
+    v_diag = (s.delta * s.delta * var[:, :, None]).sum(-1)  # unchanged by the permutation
+    d_sem = s.delta[..., 1:].transpose(-1, -2)  # [head, bucket, dim-1, pair]
+    v1 = s.delta[..., 0] ** 2 * sig[:, None, None]
+    for p0 in range(0, n_perm, perm_chunk):
+        pc = min(perm_chunk, n_perm - p0)
+        perm = _bucket_permutations(s.qmask, pc, (dim,), gen)  # [perm, bucket, n_max, dim]
+        idx = perm.permute(1, 0, 2, 3).reshape(1, b, pc * m, dim).expand(h, -1, -1, -1)
+        xp = torch.gather(s.x, 2, idx)  # [head, bucket, perm*n_max, dim]: layout ready for one batched matmul
+        proj = (xp[..., 1:] @ d_sem).reshape(h, b, pc, m, -1)  # [head, bucket, perm, n_max, pair]
+        v_full = (proj * proj).sum(3) / (s.n - 1)[None, :, None, None] + v1[:, :, None]
+        null.append(_summary((v_diag[:, :, None] / v_full).permute(2, 0, 1, 3)[:, ok], spread))
+    return _result(observed, observed_all, torch.cat(null), "v_diag / v_full", spread, n_perm, pairs_per_bucket,
+                   seed, "each rotated semantic coordinate permuted independently across the bucket's queries "
+                         "(one permutation per bucket and coordinate, shared by all heads)")
+
+
+def bucket_shuffle_null(capture: xr.Dataset, n_perm: int = 1000, pairs_per_bucket: int = 32, seed: int = 0,
+                        options: AnalysisOptions | None = None, perm_chunk: int = 25) -> xr.Dataset:
+    """Per head, the median over the last bucket's pairs of ``max_b v / min_b v``; bucket labels shuffled
+    within documents.
+
+    ``v`` is the options' diagonal variance (eq. 4.12) of the last bucket's
+    key pairs evaluated with each bucket's statistics (as
+    :func:`qkplast.theory.checks.variance_across_buckets`). The reported summary is
+    over heads; the spread statistic is the median over heads.
+    """
+    s = _Setup(capture, options, pairs_per_bucket, seed)
+    gen = torch.Generator(device=s.dev).manual_seed(seed)
+    lay, qr = s.lay, s.qr
+    last = s.sub_ok[-1]
+    delta = s.delta[:, -1][:, last]  # [head, pair, dim]
+    d2 = delta * delta
+    sig = s.model.sigma2_pos
+
+    def per_head(var_sem):  # var_sem [..., head, bucket, dim-1] -> [..., head]
+        v = torch.einsum("hpd,...hbd->...hbp", d2[..., 1:], var_sem) + (d2[..., 0] * sig[:, None])[:, None]
+        v = v[..., s.ok_bucket, :]
+        return (v.amax(-2) / v.amin(-2)).median(-1).values
+
+    bucket = torch.as_tensor(capture["bucket"].values, device=s.dev)
+    _, doc = np.unique(capture["doc"].values, return_inverse=True)
+    doc = torch.as_tensor(doc, device=s.dev, dtype=torch.float64)
+    n_bucket = len(lay.buckets)
+    sem = qr[..., 1:]  # [head, sample, dim-1]
+
+    def bucket_var(labels):  # labels [perm, sample] -> [perm, head, bucket, dim-1]
+        pc = labels.shape[0]
+        flat = (labels + n_bucket * torch.arange(pc, device=s.dev)[:, None]).reshape(-1)
+        src = sem[:, None].expand(-1, pc, -1, -1).reshape(sem.shape[0], -1, sem.shape[-1])
+        s1 = torch.zeros(sem.shape[0], pc * n_bucket, sem.shape[-1], dtype=sem.dtype, device=s.dev)
+        s2 = torch.zeros_like(s1)
+        s1.index_add_(1, flat, src)
+        s2.index_add_(1, flat, src * src)
+        cnt = torch.as_tensor(lay.counts, device=s.dev, dtype=sem.dtype).clamp_min(2)
+        s1, s2 = s1.reshape(sem.shape[0], pc, n_bucket, -1), s2.reshape(sem.shape[0], pc, n_bucket, -1)
+        var = (s2 - s1 * s1 / cnt[:, None]) / (cnt[:, None] - 1)
+        return var.transpose(0, 1)
+
+    observed = per_head(s.model.cov[..., 1:])
+    ok_all = s.valid_all[-1]
+    d_all = s.delta_all[:, -1][:, ok_all]
+    v_all = torch.einsum("hpd,hbd->hbp", d_all * d_all, s.model.cov)[:, s.ok_bucket]
+    observed_all = (v_all.amax(1) / v_all.amin(1)).median(-1).values
+    spread = "median_over_heads"
+    null = []
+    order = torch.argsort(doc, stable=True)  # samples grouped by document
+    for p0 in range(0, n_perm, perm_chunk):
+        pc = min(perm_chunk, n_perm - p0)
+        keys = doc[None] + torch.rand((pc, doc.numel()), generator=gen, dtype=torch.float64, device=s.dev)
+        shuffled = torch.argsort(keys, dim=1)  # each document's samples in a random order, documents in order
+        labels = torch.empty((pc, doc.numel()), dtype=torch.long, device=s.dev)
+        labels[:, order] = bucket[shuffled]  # the i-th sample of a document takes the label of a random one
+        null.append(_summary(per_head(bucket_var(labels)), spread))
+    return _result(_summary(observed, spread), _summary(observed_all, spread), torch.cat(null),
+                   "per head: median over the last bucket's pairs of max_b v / min_b v", spread, n_perm,
+                   pairs_per_bucket, seed, "bucket labels permuted among the samples of each document")
+
+
+def independence_null(capture: xr.Dataset, n_perm: int = 1000, pairs_per_bucket: int = 32, seed: int = 0,
+                      options: AnalysisOptions | None = None, perm_chunk: int = 50) -> xr.Dataset:
+    """``v_joint / v_indep`` against a within-bucket permutation of rotated coordinate 1 (see module doc).
+
+    With the bucket's own moments of all d coordinates, ``v_joint = v_indep +
+    2 delta_1 sum_e Cov(x_1, x_e) delta_e``; permuting coordinate 1 changes only
+    that cross term. Spread statistic: ``log(q95 / q05)`` over all terms.
+    """
+    s = _Setup(capture, options, pairs_per_bucket, seed, positional_fit="per_bucket")
+    gen = torch.Generator(device=s.dev).manual_seed(seed)
+    n1 = (s.n - 1)[None, :, None]
+    ok = s.sub_ok[None].expand(s.delta.shape[:3]) & s.ok_bucket[None, :, None]
+
+    def parts(delta, x):
+        proj = torch.einsum("hbmd,hbpd->hbmp", x[..., 1:], delta[..., 1:])  # [head, bucket, n_max, pair]
+        v_indep = (proj * proj).sum(2) / n1 + delta[..., 0] ** 2 * ((x[..., 0] ** 2).sum(2) / (s.n - 1))[..., None]
+        return proj, v_indep
+
+    proj, v_indep = parts(s.delta, s.x)
+    x1 = s.x[..., 0]  # [head, bucket, n_max]
+
+    def ratio(x1p):  # x1p [..., head, bucket, n_max]
+        cross = torch.einsum("...hbm,hbmp->...hbp", x1p, proj) / n1
+        return (v_indep + 2 * s.delta[..., 0] * cross) / v_indep
+
+    spread = "log_q95_over_q05"
+    observed = _summary(ratio(x1)[ok], spread)
+    proj_all, v_indep_all = parts(s.delta_all, s.x)
+    cross_all = torch.einsum("hbm,hbmp->hbp", x1, proj_all) / n1
+    ok_all = s.valid_all[None].expand(s.delta_all.shape[:3])
+    observed_all = _summary(((v_indep_all + 2 * s.delta_all[..., 0] * cross_all) / v_indep_all)[ok_all], spread)
+    null = []
+    h = x1.shape[0]
+    for p0 in range(0, n_perm, perm_chunk):
+        pc = min(perm_chunk, n_perm - p0)
+        perm = _bucket_permutations(s.qmask, pc, (), gen)  # [perm, bucket, n_max]
+        x1p = torch.gather(x1[None].expand(pc, -1, -1, -1), 3, perm[:, None].expand(-1, h, -1, -1))
+        null.append(_summary(ratio(x1p)[:, ok], spread))
+    return _result(observed, observed_all, torch.cat(null), "v_joint / v_indep", spread, n_perm, pairs_per_bucket,
+                   seed, "rotated coordinate 1 permuted across the bucket's queries (one permutation per bucket, "
+                         "shared by all heads)")
+
+
+def null_table(results: dict[str, xr.Dataset]):
+    """One row per null: observed median and 5-95% range, the null's, and the p-value, as text."""
+    import pandas as pd
+
+    rows = {}
+    for name, r in results.items():
+        o, nm = r.observed.values, r.null_median.values
+        rows[name] = {
+            "observed median": f"{o[0]:.3g}", "observed 5-95%": f"{o[1]:.3g}-{o[2]:.3g}",
+            "null median": f"{nm[0]:.3g}", "null 5-95% (median over permutations)": f"{nm[1]:.3g}-{nm[2]:.3g}",
+            "spread statistic": f"{r.attrs['spread_statistic']}: {o[3]:.3g} vs null {nm[3]:.3g} "
+                                f"[{float(r.null_q05[3]):.3g}, {float(r.null_q95[3]):.3g}]",
+            "p-value": f"{float(r.p_value):.3g}", "permutations": r.attrs["n_perm"],
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def summary_line(result: xr.Dataset, label: str) -> str:
+    """``label``: the observed median and 5-95% range beside the null's (median over permutations), in words."""
+    o, nm = result.observed, result.null_median
+    return (f"{label}: observed median {float(o.sel(summary='median')):.2f}, 5-95% {float(o.sel(summary='q05')):.2f}-"
+            f"{float(o.sel(summary='q95')):.2f}; under the null median {float(nm.sel(summary='median')):.2f}, 5-95% "
+            f"{float(nm.sel(summary='q05')):.2f}-{float(nm.sel(summary='q95')):.2f} "
+            f"({result.attrs['pairs_per_bucket']} pairs per bucket)")
+
+
+def describe(result: xr.Dataset, label: str, null_name: str):
+    """The verdict on the spread statistic (:func:`qkplast.stats.verdict.null_verdict`), two lines of text and the table.
+
+    Returns ``(verdict, text, table)``: ``verdict["word"]`` is "confirmed" only when the observed spread
+    beats the null; ``text`` is :func:`summary_line` and the spread statistic's verdict in words.
+    """
+
+    v = null_verdict(float(result.observed.sel(summary="spread")), result.null.sel(summary="spread").values,
+                     null_name=null_name)
+    text = f"{summary_line(result, label)}\nspread statistic {result.attrs['spread_statistic']}: {v['text']}"
+    return v, text, null_table({label: result})
