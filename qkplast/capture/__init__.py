@@ -8,7 +8,7 @@ into windows (:mod:`~qkplast.capture.corpus`), the attention hook (:mod:`~qkplas
 the orchestrator (:mod:`~qkplast.capture.driver`). Nothing here analyses a capture.
 """
 
-from qkplast.capture.corpus import Corpus, CorpusError, Document, count_windows, iter_windows, open_corpus
+from qkplast.capture.corpus import Corpus, CorpusError, Document, count_windows, iter_windows, open_corpus, open_corpus_for
 from qkplast.capture.driver import capture, run_capture
 from qkplast.capture.hooks import UnsupportedModelError, text_decoder
 from qkplast.capture.models import (DEFAULT_MODEL, LoadedModel, ModelError, load_config, load_model, load_tokenizer,
@@ -18,6 +18,6 @@ from qkplast.capture.plan import CapturePlan, PlanError, plan_capture, preflight
 __all__ = [
     "DEFAULT_MODEL", "CapturePlan", "Corpus", "CorpusError", "Document", "LoadedModel", "ModelError", "PlanError",
     "UnsupportedModelError", "capture", "count_windows", "iter_windows", "load_config", "load_model", "load_tokenizer",
-    "open_corpus", "plan_capture", "preflight", "prepare_default_model", "release_model", "run_capture",
+    "open_corpus", "open_corpus_for", "plan_capture", "preflight", "prepare_default_model", "release_model", "run_capture",
     "split_revision", "text_decoder",
 ]

@@ -56,6 +56,7 @@ __all__ = [
     "NAMED_CORPORA",
     "SHORT_DOC_POLICIES",
     "open_corpus",
+    "open_corpus_for",
     "iter_windows",
     "describe_policy",
     "count_windows",
@@ -333,6 +334,15 @@ def open_corpus(spec: str, *, text_field: str = "text", id_field: str = "id") ->
         "id_field": id_field,
     }
     return Corpus(spec, details, lambda: _path_documents(path, text_field, id_field))
+
+
+def open_corpus_for(options) -> Corpus:
+    """The corpus a capture's options name, read with their ``text_field`` and ``id_field``.
+
+    Every caller that has :class:`~qkplast.options.CaptureOptions` opens its corpus here, so a study's
+    ``text_field: context`` reaches every reader of the corpus, not only the capture.
+    """
+    return open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
 
 
 def encode_text(tokenizer, text: str) -> list[int]:

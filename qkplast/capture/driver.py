@@ -346,7 +346,7 @@ def run_capture(
     check_output(out, overwrite)
     name, revision = split_revision(options.model, options.revision)
     options = replace(options, model=name, revision=revision)
-    documents = corpus_module.open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
+    documents = corpus_module.open_corpus_for(options)
     from qkplast.capture.plan import preflight
 
     if loaded is not None and loaded.info.get("model") != name:

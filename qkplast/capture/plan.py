@@ -295,7 +295,7 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
     CapturePlan
         Print it for the table; :meth:`CapturePlan.check` raises when it cannot run.
     """
-    from qkplast.capture.corpus import open_corpus
+    from qkplast.capture.corpus import open_corpus_for
     from qkplast.capture.architecture import layout_from_config
     from qkplast.capture.models import load_config, load_tokenizer, resolve_dtype, split_revision
     from qkplast.capture.sampling import sample_heads
@@ -308,7 +308,7 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
     dtype = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
     layout = layout_from_config(config)
     heads = sample_heads(layout, options.heads, options.seed)
-    documents = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
+    documents = open_corpus_for(options)
     windows = _count_windows(documents, load_tokenizer(name, revision=revision), options, strict=False)
     n_params = _parameter_count(config)
     per = _BYTES[dtype]

@@ -194,7 +194,7 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
     """
     from qkplast.pipeline.batch import quiet_transformers
     from qkplast.capture.driver import capture as capture_into
-    from qkplast.capture.corpus import open_corpus
+    from qkplast.capture.corpus import open_corpus_for
     from qkplast.io import open_capture, save_capture
     from qkplast.capture.models import load_model
 
@@ -223,7 +223,7 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
                 loaded = load_model(run.model, device=run.device, dtype=run.dtype, rope_scaling=run.rope_scaling,
                                     revision=run.revision)
                 need = max(c["seq_len"] + c["start"] for c in grid.values()) + 16  # margin: decode + re-encode may merge a few tokens
-                tokens = select_documents(open_corpus(run.corpus, text_field=run.text_field, id_field=run.id_field),
+                tokens = select_documents(open_corpus_for(run),
                                           loaded.tokenizer, docs, need)
             t0 = time.perf_counter()
             resolved = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")  # "auto" as loaded

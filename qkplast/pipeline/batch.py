@@ -174,12 +174,12 @@ def capture_file(options: CaptureOptions, out, *, overwrite: bool = False, progr
 
 def _check_windows(options: CaptureOptions) -> None:
     """Everything checkable without weights (config, kernel, and the corpus filling the windows), in seconds."""
-    from qkplast.capture.corpus import open_corpus
+    from qkplast.capture.corpus import open_corpus_for
     from qkplast.capture.models import split_revision
     from qkplast.capture.plan import preflight
 
     name, revision = split_revision(options.model, options.revision)
-    documents = open_corpus(options.corpus, text_field=options.text_field, id_field=options.id_field)
+    documents = open_corpus_for(options)
     with quiet_transformers():
         preflight(replace(options, model=name, revision=revision), documents)
 

@@ -8,6 +8,7 @@ resamples documents, through the reweighted sufficient statistics of :mod:`~qkpl
 
 from qkplast.stats.bootstrap import bca_interval, bootstrap
 from qkplast.stats.reweight import reweighted_statistics
-from qkplast.stats.verdict import null_verdict
+from qkplast.stats.intervals import t_interval
+from qkplast.stats.verdict import conjunction, holm, null_verdict, verdict
 
-__all__ = ["bca_interval", "bootstrap", "null_verdict", "reweighted_statistics"]
+__all__ = ["bca_interval", "bootstrap", "conjunction", "holm", "null_verdict", "reweighted_statistics", "t_interval", "verdict"]

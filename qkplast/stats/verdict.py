@@ -29,3 +29,104 @@ def null_verdict(observed: float, null, alternative: str = "greater", alpha: flo
             f"permutation p = {p:.3g} ({alternative}): {word}")
     return {"observed": float(observed), "null_lo": float(lo), "null_hi": float(hi), "p": p,
             "n_null": int(null.size), "confirmed": p < alpha, "word": word, "text": text}
+
+
+#: The verdict words, in the order a conjunction ranks them.
+WORDS = ("supported", "contradicted", "no effect", "left open")
+CLAIMS = ("greater", "less", "equivalent")
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjustment of ``m`` p-values (family-wise error control, any dependence).
+
+    The ``i``-th smallest p-value is multiplied by ``m - i`` (``i`` from 0), a running maximum keeps the
+    adjusted values monotone in the original order of significance, and values are capped at 1. NaN
+    entries (readings that could not be made) are left NaN and do not count in ``m``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Adjusted p-values, in the input's order and shape.
+    """
+    p = np.asarray(pvalues, dtype=np.float64)
+    flat = p.ravel()
+    ok = np.flatnonzero(np.isfinite(flat))
+    out = np.full_like(flat, np.nan)
+    if ok.size:
+        order = ok[np.argsort(flat[ok], kind="stable")]
+        scaled = flat[order] * (ok.size - np.arange(ok.size))  # [m]: p_(i) (m - i)
+        out[order] = np.minimum(np.maximum.accumulate(scaled), 1.0)
+    return out.reshape(p.shape)
+
+
+def verdict(estimate: float, lo: float, hi: float, p: float | None = None, *, claim: str = "greater",
+            margin: float | None = None, alpha: float = 0.05) -> str:
+    """The verdict word of one reading: a contrast, its interval and (optionally) its adjusted p-value.
+
+    Parameters
+    ----------
+    estimate, lo, hi : float
+        The contrast (e.g. an effect minus its baseline) and the end points of the interval the inference
+        policy reports for it (documents or seeds as the unit).
+    p : float, optional
+        The reading's two-sided p-value *after* the chapter's multiplicity correction (:func:`holm` across
+        its readings). None when the chapter makes this one reading only; then the interval decides alone.
+    claim : {"greater", "less", "equivalent"}
+        What the chapter predicted: the contrast is above zero, below zero, or within ``margin`` of zero.
+    margin : float, optional
+        An equivalence margin stated before the data: an interval inside ``(-margin, margin)`` is a tight
+        null. Required for ``claim="equivalent"``.
+    alpha : float
+        Level of the adjusted p-value (0.05).
+
+    Returns
+    -------
+    str
+        ``"supported"``: the interval excludes zero on the claimed side and ``p < alpha`` (or, for an
+        equivalence claim, the interval lies inside the margin); ``"contradicted"``: the interval excludes
+        zero on the other side with ``p < alpha`` (for an equivalence claim: on either side, outside the
+        margin); ``"no effect"``: a directional claim whose interval lies inside the margin;
+        ``"left open"``: anything else, a NaN interval included.
+    """
+    if claim not in CLAIMS:
+        raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
+    if claim == "equivalent" and margin is None:
+        raise ValueError("claim='equivalent' needs the equivalence margin stated in advance (margin=...)")
+    if margin is not None and not margin > 0:
+        raise ValueError(f"margin must be positive, got {margin}")
+    if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(estimate)):
+        return "left open"
+    if lo > hi:
+        raise ValueError(f"interval end points out of order: lo={lo} > hi={hi}")
+    inside = margin is not None and -margin < lo and hi < margin
+    significant = p is None or (np.isfinite(p) and p < alpha)
+    if claim == "equivalent":
+        if inside:
+            return "supported"
+        outside = margin is not None and (lo >= margin or hi <= -margin)
+        return "contradicted" if outside and significant else "left open"
+    above, below = lo > 0, hi < 0
+    if (above if claim == "greater" else below) and significant:
+        return "supported"
+    if (below if claim == "greater" else above) and significant:
+        return "contradicted"
+    return "no effect" if inside else "left open"
+
+
+def conjunction(words) -> str:
+    """The verdict on a claim made of several parts: supported only when every part is.
+
+    A contradicted part contradicts the whole; all parts "no effect" is "no effect"; otherwise the claim
+    is left open.
+    """
+    words = list(words)
+    unknown = sorted(set(words) - set(WORDS))
+    if unknown or not words:
+        raise ValueError(f"conjunction needs verdict words from {WORDS}, got {words}")
+    if all(w == "supported" for w in words):
+        return "supported"
+    if "contradicted" in words:
+        return "contradicted"
+    if all(w == "no effect" for w in words):
+        return "no effect"
+    return "left open"
