@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 import torch
 
-from qkplast.pipeline.batch import load_or_capture
+from qkplast.rundir import load_or_capture
 from qkplast.stats.bootstrap import bootstrap
 
 

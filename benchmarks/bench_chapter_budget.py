@@ -26,7 +26,8 @@ import shutil
 import time
 from pathlib import Path
 
-from qkplast.pipeline.batch import notebook_paths, run
+from qkplast.pipeline.params import notebook_paths
+from qkplast.pipeline.stages import run
 
 CHAPTER = "12_interventions"
 BUDGET_S = 240

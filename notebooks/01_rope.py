@@ -45,7 +45,7 @@ n_draws = 256  # random (q, k, t, i, shift) draws for the relative-position chec
 
 # %%
 import qkplast.results.figures as qp
-from qkplast.pipeline.batch import run_settings
+from qkplast.rundir import run_settings
 from qkplast.theory.rope import check_relative_property, frequency_table, model_rotary
 
 options = run_settings(run_dir, globals())[0]  # the run's capture settings (defaults for a new run); papermill -p overrides

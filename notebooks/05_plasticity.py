@@ -169,7 +169,7 @@ from scipy.stats import norm
 import qkplast
 import qkplast.results.figures as qp
 from qkplast.results import tables as results
-from qkplast.pipeline.batch import load_or_analyze, load_run
+from qkplast.rundir import load_or_analyze, load_run
 from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plasticity, sample_key_pairs
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides

@@ -77,7 +77,7 @@ from scipy.stats import norm
 import qkplast
 import qkplast.results.figures as qp
 from qkplast.theory import checks as theory
-from qkplast.pipeline.batch import load_or_analyze, load_run
+from qkplast.rundir import load_or_analyze, load_run
 from qkplast.analysis.plasticity import pair_statistics, sample_key_pairs
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides

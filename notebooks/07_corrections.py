@@ -46,14 +46,15 @@ from qkplast.results import reference
 from qkplast.results import tables as results
 from qkplast.stats import nulls, verdict
 from qkplast.theory import checks as theory
-from qkplast.pipeline.batch import load_or_analyze, load_or_bootstrap, load_run
+from qkplast.options import AnalysisOptions
+from qkplast.rundir import load_or_analyze, load_or_bootstrap, load_run
 from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plasticity
 from transformers import MllamaTextConfig  # after qkplast, which silences tqdm's ipywidgets warning
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture = run.capture
 seed, bucket_size = run.analysis.seed, run.options.bucket_size
-metrics, notes = load_or_analyze(run_dir, capture, seed=seed)  # the thesis's defaults, whatever the run chose
+metrics, notes = load_or_analyze(run_dir, capture, AnalysisOptions(seed=seed))  # the thesis's defaults, whatever the run chose
 stats = pair_statistics(capture, seed=seed)
 warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 has no key pairs; notes holds that message
 verdicts = {}  # item -> the computed word, collected into the summary at the end
@@ -242,7 +243,7 @@ print(rate)
 
 # %%
 share = results.bias_share(metrics)
-boot = load_or_bootstrap(run_dir, capture, n_boot=n_boot, seed=seed)
+boot = load_or_bootstrap(run_dir, capture, AnalysisOptions(seed=seed), n_boot)
 iv = results.with_intervals(boot).loc[["bias_strength", "key_position_slope"]]
 print(iv.attrs["note"])
 gap = bool((boot.hi_bca.sel(metric="bias_strength") < boot.lo_bca.sel(metric="key_position_slope")).item())

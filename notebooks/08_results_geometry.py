@@ -41,7 +41,7 @@ import pandas as pd
 import qkplast.results.figures as qp
 from qkplast.results import reference
 from qkplast.results import tables as results
-from qkplast.pipeline.batch import load_run
+from qkplast.rundir import load_run
 
 run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
 capture, metrics, notes = run.capture, run.metrics, run.notes

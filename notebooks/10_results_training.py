@@ -39,7 +39,7 @@ import pandas as pd
 import qkplast.results.figures as qp
 from qkplast.results import reference
 from qkplast.results import tables as results
-from qkplast.pipeline.batch import run_settings
+from qkplast.rundir import checkpoint_metrics, run_settings
 
 # %% [markdown]
 # ## This project's checkpoints
@@ -47,8 +47,7 @@ from qkplast.pipeline.batch import run_settings
 # %%
 if checkpoints:
     # the run's capture settings on every checkpoint; `qkplast run` captured them before this kernel started
-    settings = {k: v for k, v in run_settings(run_dir, globals())[0].to_dict().items() if k not in ("model", "revision")}
-    ours = results.trajectory_table(results.checkpoint_metrics(checkpoints, run_dir, **settings))
+    ours = results.trajectory_table(checkpoint_metrics(checkpoints, run_dir, run_settings(run_dir, globals())[0]))
     fig = qp.trajectory(ours, title="this project's checkpoints")
     display(ours.round(4))
 else:

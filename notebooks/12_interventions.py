@@ -85,7 +85,8 @@ import numpy as np
 import pandas as pd
 
 import qkplast.experiments.grid as qx
-from qkplast.pipeline.batch import load_run
+from qkplast.capture.models import load_for
+from qkplast.rundir import load_run
 from qkplast import CaptureOptions
 from qkplast.capture.corpus import count_windows, open_corpus
 
@@ -94,7 +95,7 @@ capture, metrics, notes = run.capture, run.metrics, run.notes
 opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
 analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
 model, corpus, docs, heads, device, dtype = opt.model, opt.corpus, opt.docs, opt.heads, opt.device, opt.dtype
-loaded = qx.load(opt.model, device=opt.device, dtype=opt.dtype, rope_scaling=opt.rope_scaling, revision=opt.revision)
+loaded = load_for(opt)
 documents = open_corpus(corpus)
 windows_asked = CaptureOptions(seq_len=copy_seq_len, bucket_size=copy_seq_len, docs=copy_windows, short_docs="concat")
 available = count_windows(documents, loaded.tokenizer, windows_asked, strict=False)

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 import qkplast.results.open_figures as op
-from qkplast.pipeline.batch import load_run
+from qkplast.rundir import load_run
 from qkplast.experiments.conditions import bootstrap_parts, capture_conditions, condition_table, read_conditions
 from qkplast.analysis.gqa import gqa_similarity, gqa_testable
 from qkplast.analysis.listwise import listwise_summary, pairwise_predicts_listwise

@@ -1,14 +1,22 @@
-"""Analysis options: every choice the thesis leaves open, with its documented default.
+"""The two option objects passed whole through the package: capture settings and analysis choices.
 
-The defaults follow the thesis text (sections 4.2-4.4); each alternative is the
-reading a careful reader could also defend, so runs can show how much a result
-depends on it.
+:class:`CaptureOptions` holds every setting of one capture (thesis section 4.1);
+:class:`AnalysisOptions` every choice the thesis leaves open, with its documented
+default (sections 4.2-4.4), each alternative being a reading a careful reader could
+also defend, so runs can show how much a result depends on it. Field annotations
+are the single source of each option's type and choices: ``Literal[...]`` fields
+take one of their values, ``tuple[int, ...]`` fields comma-separated values, and
+the command line's flags are generated from them (:mod:`qkplast.pipeline.flags`).
 """
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Literal
+from pathlib import Path
+from typing import Literal, NamedTuple
 
 from qkplast.errors import QkplastError
 
@@ -21,22 +29,14 @@ class UnknownOptionError(QkplastError, TypeError):
     """An option name that the options class does not have (a TypeError too, as for a bad keyword)."""
 
 
-_CHOICES = {
-    "query_position": ("midpoint", "mean"),
-    "semantic_stats": ("per_bucket", "global"),
-    "positional_fit": ("global", "per_bucket"),
-    "covariance": ("diagonal", "full", "joint"),
-    "eligible_keys": ("earlier_buckets", "before_query"),
-    "pair_docs": ("same", "any"),
-    "bucket_weight": ("tokens", "samples", "uniform"),
-    "edge_rule": ("position", "bucket_index"),
-    "pair_weight": ("uniform", "prefix"),
-}
+class ModelError(QkplastError):
+    """A model cannot be found, loaded or used with the requested settings (the message names the fix)."""
 
 
 EXECUTION_OPTIONS = ("device", "head_chunk")
 
-__all__ = ["AnalysisOptions", "CaptureOptions", "OptionsError", "PRESETS", "UnknownOptionError", "coerce_value", "typed_option"]
+__all__ = ["AnalysisOptions", "CaptureOptions", "FieldSpec", "ModelError", "OptionsError", "PRESETS", "UnknownOptionError",
+           "coerce", "field_spec", "split_revision", "typed_option"]
 
 
 @dataclass(frozen=True)
@@ -171,22 +171,17 @@ class AnalysisOptions:
     device: str = "auto"
     head_chunk: int = 0
     pair_weight: Literal["uniform", "prefix"] = "uniform"
-    set_sizes: tuple = (2, 8, 64, 0)
+    set_sizes: tuple[int, ...] = (2, 8, 64, 0)
     n_sets: int = 16
     n_model_queries: int = 32
     open_questions: bool = True
 
     def __post_init__(self):
         _coerce_fields(self)
-        # a tuple whatever came in (a list from a saved dataset's attrs), so saved options compare equal
-        object.__setattr__(self, "set_sizes", tuple(int(m) for m in self.set_sizes))
         if any(m < 0 or m == 1 for m in self.set_sizes) or len(set(self.set_sizes)) != len(self.set_sizes):
             raise OptionsError(f"option set_sizes must be distinct sizes >= 2 (or 0 for the whole set), got {self.set_sizes}")
         if self.n_sets < 1 or self.n_model_queries < 2:
             raise OptionsError(f"options n_sets >= 1 and n_model_queries >= 2 needed, got {self.n_sets}, {self.n_model_queries}")
-        for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise OptionsError(f"option {name}={getattr(self, name)!r} is not one of {allowed}")
         if not 0 <= self.taxonomy_low <= self.taxonomy_high <= 1:
             raise OptionsError("taxonomy thresholds need 0 <= taxonomy_low <= taxonomy_high <= 1")
         if not 0 < self.edge_fraction <= 0.5:
@@ -224,12 +219,6 @@ class AnalysisOptions:
 
 # --------------------------------------------------------------------------- capture
 
-_CAPTURE_CHOICES = {
-    "dtype": ("auto", "float32", "bfloat16", "float16"),
-    "attn": ("sdpa", "eager"),
-    "short_docs": ("concat", "skip"),
-}
-
 #: Capture settings that cannot change what is captured (only where and how fast).
 CAPTURE_EXECUTION_OPTIONS = ("device",)
 
@@ -244,7 +233,8 @@ class CaptureOptions:
     -----
     model : str
         ``smollm2-135m`` (embedded), a local checkpoint directory, or a hub id,
-        optionally ``owner/name@revision``.
+        optionally ``owner/name@revision``: the revision is split off into
+        ``revision`` here, once, so every reader sees ``model`` without it.
     revision : str or None
         Hub revision (branch, tag or commit); ``model@revision`` sets it too.
     rope_scaling : str or None
@@ -296,13 +286,13 @@ class CaptureOptions:
     revision: str | None = None
     rope_scaling: str | None = None
     device: str = "cpu"
-    dtype: str = "auto"
-    attn: str = "sdpa"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attn: Literal["sdpa", "eager"] = "sdpa"
     allow_unverified: bool = False
     corpus: str = "python-docs"
     docs: int | None = 4
     seq_len: int | None = 8192
-    short_docs: str = "skip"
+    short_docs: Literal["skip", "concat"] = "skip"
     text_field: str = "text"
     id_field: str = "id"
     bucket_size: int | None = 512
@@ -313,9 +303,9 @@ class CaptureOptions:
 
     def __post_init__(self):
         _coerce_fields(self)
-        for name, allowed in _CAPTURE_CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise OptionsError(f"capture option {name}={getattr(self, name)!r} is not one of {allowed}")
+        model, revision = split_revision(self.model, self.revision)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "revision", revision)
         for name in ("docs", "seq_len", "bucket_size", "heads"):
             value = getattr(self, name)
             if value is not None and int(value) < 1:
@@ -348,84 +338,144 @@ class CaptureOptions:
 # --------------------------------------------------------------------------- typed values
 
 
-def _field_kinds(cls, name: str) -> tuple[tuple[type, ...], bool]:
-    """The value types of a dataclass field (from its annotation) and whether ``None`` is allowed."""
-    f = cls.__dataclass_fields__[name]
-    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    if text.startswith("Literal"):
-        return (str,), False
-    if text.startswith("tuple"):
-        return (tuple,), False
-    parts = [p.strip() for p in text.split("|")]
-    kinds = tuple({"int": int, "float": float, "bool": bool, "str": str}[p] for p in parts if p != "None")
-    return kinds, "None" in parts
+class FieldSpec(NamedTuple):
+    """What an option field accepts, read from its annotation."""
+
+    kinds: tuple[type, ...]  # value types, in the order text is tried against them
+    nullable: bool = False  # None allowed
+    choices: tuple | None = None  # Literal values
+    item: type | None = None  # element type of a tuple field
+
+    def describe(self) -> str:
+        if self.item is not None:
+            return f"comma-separated {self.item.__name__} values such as 2,8"
+        return " or ".join(k.__name__ for k in self.kinds) + (" or none" if self.nullable else "")
 
 
-def coerce_value(kinds: tuple[type, ...], nullable: bool, value, name: str):
-    """``value`` (text from the command line, or an already parsed literal) as one of ``kinds``.
+@functools.cache
+def field_spec(cls, name: str) -> FieldSpec:
+    """The :class:`FieldSpec` of field ``name`` of an options dataclass, from its resolved annotation."""
+    hint = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    nullable = typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) < len(typing.get_args(hint))
+    if typing.get_origin(hint) is Literal:
+        return FieldSpec((str,), False, tuple(typing.get_args(hint)))
+    if typing.get_origin(hint) is tuple:
+        return FieldSpec((tuple,), False, None, args[0] if args else str)
+    kinds = tuple(args) if nullable else (hint,)
+    return FieldSpec(kinds, nullable)
+
+
+def _parse_text(spec: FieldSpec, text: str, name: str):
+    """``text`` from a command line as one of the field's kinds; raises naming the option."""
+    low = text.strip().lower()
+    if spec.nullable and low in ("none", "null", "all", ""):
+        return None
+    for kind in spec.kinds:
+        if kind is bool:
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+        elif kind is str:
+            return text
+        else:
+            try:
+                number = float(text)
+            except ValueError:
+                continue
+            if kind is int and not number.is_integer():
+                continue
+            return kind(number)
+    raise OptionsError(f"option {name} expects {spec.describe()}, got {text!r}")
+
+
+def _tuple_value(spec: FieldSpec, value, name: str) -> tuple:
+    """A tuple field's value: ``"2,8"``, ``"(2, 8)"``, a list or tuple, or one number; each item typed."""
+    if isinstance(value, str):
+        text = value.strip().strip("()[]")
+        items = [t.strip() for t in text.split(",")] if text else []
+        if any(t == "" for t in items):
+            raise OptionsError(f"option {name} expects {spec.describe()}, got {value!r}")
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        items = [value]
+    else:
+        raise OptionsError(f"option {name} expects {spec.describe()}, got {value!r}")
+    item = FieldSpec((spec.item,))
+    try:
+        return tuple(coerce(v, item, name) for v in items)
+    except OptionsError:
+        raise OptionsError(f"option {name} expects {spec.describe()}, got {value!r}") from None
+
+
+def coerce(value, spec: FieldSpec, name: str):
+    """``value`` (text from a command line, a literal, or a JSON round trip) as the field's type.
 
     Raises
     ------
-    QkplastError
-        The value cannot be read as the option's type; the message names option, value and type.
+    OptionsError
+        The value is not of the field's type or not one of its choices; the message names option, value and type.
     """
-    want = " or ".join(k.__name__ for k in kinds) + (" or none" if nullable else "")
-    if kinds == (tuple,):
-        if isinstance(value, str):
-            import ast
-
-            try:
-                value = ast.literal_eval(value)
-            except (ValueError, SyntaxError):
-                raise OptionsError(f"option {name} expects a tuple such as (2, 8), got {value!r}") from None
-        if isinstance(value, (list, tuple)):
-            return tuple(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return (value,)
-        raise OptionsError(f"option {name} expects a tuple such as (2, 8), got {value!r}")
-    if isinstance(value, str):
-        low = value.strip().lower()
-        if nullable and low in ("none", "null", "all", ""):
-            return None
-        for kind in kinds:
-            if kind is bool:
-                if low in ("1", "true", "yes", "on"):
-                    return True
-                if low in ("0", "false", "no", "off"):
-                    return False
-            elif kind is str:
-                return value
-            else:
-                try:
-                    number = float(value)
-                except ValueError:
-                    continue
-                if kind is int and not number.is_integer():
-                    continue
-                return kind(number)
-        raise OptionsError(f"option {name} expects {want}, got {value!r}")
-    if value is None and nullable:
+    if spec.item is not None:
+        return _tuple_value(spec, value, name)
+    if isinstance(value, str) and spec.choices is None:
+        return _parse_text(spec, value, name)
+    if spec.choices is not None:
+        if value not in spec.choices:
+            raise OptionsError(f"option {name}={value!r} is not one of {spec.choices}")
         return value
-    for kind in kinds:
+    if value is None and spec.nullable:
+        return value
+    for kind in spec.kinds:
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if kind is int and isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
             return value
-    raise OptionsError(f"option {name} expects {want}, got {value!r} ({type(value).__name__})")
+    raise OptionsError(f"option {name} expects {spec.describe()}, got {value!r} ({type(value).__name__})")
 
 
 def _coerce_fields(options) -> None:
-    """Convert every field of a frozen options object to its annotated type, or raise naming the field."""
+    """Convert every field of a frozen options object to its annotated type, or raise naming the field.
+
+    A tuple field becomes a tuple whatever came in (a list from a saved dataset's JSON attrs), so saved
+    options compare equal to fresh ones.
+    """
     for f in fields(options):
         object.__setattr__(options, f.name, typed_option(type(options), f.name, getattr(options, f.name)))
 
 
 def typed_option(cls, name: str, value):
     """``value`` converted to the type of field ``name`` of ``cls`` (``CaptureOptions`` or ``AnalysisOptions``)."""
-    kinds, nullable = _field_kinds(cls, name)
-    return coerce_value(kinds, nullable, value, name)
+    return coerce(value, field_spec(cls, name), name)
+
+
+def split_revision(spec: str, revision: str | None = None) -> tuple[str, str | None]:
+    """Split ``owner/name@revision`` into ``(name, revision)``.
+
+    An existing local path is never split (a directory may contain ``@``).
+    An explicit ``revision`` agreeing with the one in ``spec`` (or given
+    alone) wins; two different revisions are an error. :class:`CaptureOptions`
+    calls this once, so its ``model`` never carries a revision.
+
+    Raises
+    ------
+    ModelError
+        ``spec`` and ``revision`` name different revisions, or the revision after ``@`` is empty.
+    """
+    name, at = spec, None
+    if "@" in spec and not Path(spec).expanduser().exists():
+        name, at = spec.rsplit("@", 1)
+        if not at or not name:
+            raise ModelError(f"bad model {spec!r}: expected NAME@REVISION with both parts non-empty")
+    if at is not None and revision is not None and at != revision:
+        raise ModelError(
+            f"model {spec!r} names revision {at!r} but --revision is {revision!r}; give the revision once"
+        )
+    return name, revision if revision is not None else at
 
 
 #: Named capture settings. ``default`` is the default run; ``fast`` is the short

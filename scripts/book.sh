@@ -45,7 +45,7 @@ if [ -n "$study" ]; then
   step "2/4 capture and analysis of every run of $study (qkplast study --stage analyze; finished runs are reused)"
   "$venv/bin/qkplast" study "$study" --executor local --stage analyze
   step "3/4 the notebooks on the study's first run, their results chapters reading every run"
-  "$venv/bin/python" -c "import sys; from qkplast.results.crossrun import book_notebooks; book_notebooks(sys.argv[1], 'book/notebooks')" "$study"
+  "$venv/bin/python" -c "import sys; from qkplast.pipeline.book import book_notebooks; book_notebooks(sys.argv[1], 'book/notebooks')" "$study"
 else
   step "2/4 captures (progress per document), analyses and notebooks of the default run (qkplast run)"
   # --jobs 2: two notebook kernels at once, so one's single-threaded parts (start, imports, tables, figures)
@@ -53,7 +53,7 @@ else
   "$venv/bin/qkplast" run --out runs/smollm2-135m --jobs 2
   step "3/4 collecting the executed notebooks of the default run (papermill's injected cell folded into the parameters cell)"
   cp runs/smollm2-135m/notebooks/*.ipynb book/notebooks/
-  "$venv/bin/python" -c "import sys; from qkplast.results.crossrun import fold_injected_parameters; [fold_injected_parameters(p) for p in sys.argv[1:]]" book/notebooks/*.ipynb
+  "$venv/bin/python" -c "import sys; from qkplast.pipeline.book import fold_injected_parameters; [fold_injected_parameters(p) for p in sys.argv[1:]]" book/notebooks/*.ipynb
 fi
 step "4/4 HTML with Jupyter Book (warnings are errors)"
 rm -rf _build/html

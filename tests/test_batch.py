@@ -9,7 +9,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from qkplast.pipeline import batch
+from qkplast import rundir
+from qkplast.pipeline import params, stages
+from qkplast.results import summary
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -57,7 +59,7 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
 
     out = tmp_path / "run"
     tiny = CaptureOptions(**{**PRESETS["fast"].to_dict(), **TINY})
-    result = batch.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters=TINY_NOTEBOOKS, progress=False)
+    result = stages.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters=TINY_NOTEBOOKS, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest == json.loads(json.dumps(result.manifest, default=str))
     # one set of names: CaptureOptions fields == manifest keys == capture attrs, same values
@@ -81,12 +83,12 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
         injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
         assert injected and f'run_dir = "{out.resolve()}"' in injected[0].source
     assert set(manifest["versions"]) >= {"qkplast", "torch", "transformers", "papermill"}
-    table = batch.compare([out])
+    table = summary.compare([out])
     assert table.loc["run", "seq_len"] == 256 and 0 < table.loc["run", "ap_overall"] < 1
-    profiles = batch.context_profiles([out, out])
+    profiles = summary.context_profiles({"a": rundir.open_metrics(out), "b": rundir.open_metrics(out)})
     assert profiles.dims == ("run", "context_bin") and profiles.sizes["context_bin"] == 5
     # a rerun executes nothing again
-    again = batch.run(tiny, out, parameters=TINY_NOTEBOOKS, progress=False)
+    again = stages.run(tiny, out, parameters=TINY_NOTEBOOKS, progress=False)
     assert [e["seconds"] for e in again.manifest["notebooks"]] == [e["seconds"] for e in manifest["notebooks"]]
 
 
@@ -102,7 +104,7 @@ def test_notebook_parameters_hold_no_capture_or_analysis_settings():
         assert params["run_dir"] == "../runs/smollm2-135m", py.name
         assert not settings & set(params), f"{py.name} repeats settings {sorted(settings & set(params))}"
         if "load_or_capture(" in py.read_text():
-            pytest.fail(f"{py.name} still captures with its own settings; use batch.load_run")
+            pytest.fail(f"{py.name} still captures with its own settings; use rundir.load_run")
 
 
 def _fake_stage(monkeypatch, tmp_path):
@@ -122,10 +124,13 @@ def _fake_stage(monkeypatch, tmp_path):
         save_capture(cap, out)
         return cap
 
-    monkeypatch.setattr(batch, "_check_windows", lambda options: calls.append(("windows", options.corpus)))
-    monkeypatch.setattr(batch, "_load", lambda options: calls.append(("load", options.model)) or "model")
-    monkeypatch.setattr(batch, "release_model", lambda loaded: calls.append(("release", loaded)))
-    monkeypatch.setattr(batch, "capture_file", fake_capture)
+    import qkplast.capture.driver as driver
+    import qkplast.capture.models as models
+
+    monkeypatch.setattr(stages, "check_windows", lambda options: calls.append(("windows", options.corpus)))
+    monkeypatch.setattr(models, "load_for", lambda options: calls.append(("load", options.model)) or "model")
+    monkeypatch.setattr(models, "release_model", lambda loaded: calls.append(("release", loaded)))
+    monkeypatch.setattr(driver, "run_capture", fake_capture)
     return calls
 
 
@@ -137,7 +142,7 @@ def test_run_loads_once_captures_prose_and_code_releases_then_reuses(tmp_path, m
     calls = _fake_stage(monkeypatch, tmp_path)
     capture = CaptureOptions(seq_len=1024, bucket_size=128, docs=3, corpus="pydoc-topics")
     out = tmp_path / "run"
-    result = batch.run(capture, out, analysis=AnalysisOptions(n_pairs=16), stage="analyze", progress=False)
+    result = stages.run(capture, out, analysis=AnalysisOptions(n_pairs=16), stage="analyze", progress=False)
     # corpora checked before the single load; both captures; the model released before anything else
     assert calls == [("windows", "pydoc-topics"), ("windows", "stdlib-code"), ("load", "smollm2-135m"),
                      ("capture", "pydoc-topics"), ("capture", "stdlib-code"), ("release", "model")]
@@ -149,33 +154,35 @@ def test_run_loads_once_captures_prose_and_code_releases_then_reuses(tmp_path, m
     for d in (out, out / "code"):
         assert (d / "capture.nc").is_file() and (d / "metrics.nc").is_file()
     # a notebook finds the same settings and files, and loads nothing
-    loaded = batch.load_run(out)
+    loaded = rundir.load_run(out)
     assert loaded.options == capture and loaded.analysis.n_pairs == 16 and loaded.metrics.sizes["head"] == 2
-    assert batch.load_run(out).on_corpus("stdlib-code").capture.attrs["corpus"] == "stdlib-code"
+    assert rundir.load_run(out).on_corpus("stdlib-code").capture.attrs["corpus"] == "stdlib-code"
     # a rerun reuses every capture (no load); other capture settings are refused, not mixed
     del calls[:]
-    batch.run(capture, out, analysis=AnalysisOptions(n_pairs=16), stage="analyze", progress=False)
+    stages.run(capture, out, analysis=AnalysisOptions(n_pairs=16), stage="analyze", progress=False)
     assert calls == []
-    with pytest.raises(batch.RunError, match="docs: 3 there, 4 asked"):
-        batch.run(CaptureOptions(**{**capture.to_dict(), "docs": 4}), out, stage="capture", progress=False)
-    with pytest.raises(batch.RunError, match="docs: 3 there, 5 asked"):
-        batch.load_run(out, docs=5)
-    with pytest.raises(batch.RunError, match="analysed with other options"):
-        batch.run(capture, out, analysis=AnalysisOptions(n_pairs=32), stage="analyze", progress=False)
+    with pytest.raises(rundir.RunError, match="docs: 3 there, 4 asked"):
+        stages.run(CaptureOptions(**{**capture.to_dict(), "docs": 4}), out, stage="capture", progress=False)
+    with pytest.raises(rundir.RunError, match="docs: 3 there, 5 asked"):
+        rundir.load_run(out, docs=5)
+    with pytest.raises(rundir.RunError, match="analysed with other options"):
+        stages.run(capture, out, analysis=AnalysisOptions(n_pairs=32), stage="analyze", progress=False)
 
 
 def test_load_run_reads_overrides_from_a_notebook_namespace(tmp_path, monkeypatch):
     calls = _fake_stage(monkeypatch, tmp_path)
-    monkeypatch.setattr(batch, "capture_file", lambda *a, loaded=None, **k: calls.append("in-kernel") or
+    import qkplast.capture.driver as driver
+
+    monkeypatch.setattr(driver, "run_capture", lambda *a, loaded=None, **k: calls.append("in-kernel") or
                         _fake_capture_in_kernel(*a, **k))
-    run = batch.load_run(tmp_path / "new", {"seq_len": 512, "bucket_size": 64, "docs": 2, "n_pairs": 8,
+    run = rundir.load_run(tmp_path / "new", {"seq_len": 512, "bucket_size": 64, "docs": 2, "n_pairs": 8,
                                             "unrelated": 1, "__name__": "__main__"})
     assert run.options.seq_len == 512 and run.analysis.n_pairs == 8 and calls == ["in-kernel"]
     # the next notebook, without overrides, finds the settings the first one recorded
-    again = batch.load_run(tmp_path / "new")
+    again = rundir.load_run(tmp_path / "new")
     assert again.options == run.options and calls == ["in-kernel"]
     with pytest.raises(TypeError, match="unknown option"):
-        batch.load_run(tmp_path / "new", sequence_length=5)
+        rundir.load_run(tmp_path / "new", sequence_length=5)
 
 
 def _fake_capture_in_kernel(options, out, **_):
@@ -189,14 +196,14 @@ def _fake_capture_in_kernel(options, out, **_):
 
 
 def test_split_parameters_types_each_kind():
-    cap, ana, nb = batch.split_parameters(
+    cap, ana, nb = params.split_parameters(
         [("seq_len", "4096"), ("rope_scaling", "yarn:4:32768"), ("heads", "all"), ("edge_fraction", "0.25"),
          ("checkpoints", "['a/b@r1']"), ("code_corpus", "stdlib-code")],
         {"checkpoints": [], "code_corpus": "stdlib-code", "n_boot": 40})
     assert cap == {"seq_len": 4096, "rope_scaling": "yarn:4:32768", "heads": None}
     assert ana == {"edge_fraction": 0.25} and nb == {"checkpoints": ["a/b@r1"], "code_corpus": "stdlib-code"}
     with pytest.raises(ValueError, match="checkpoints expects list"):
-        batch.split_parameters([("checkpoints", "a/b")], {"checkpoints": []})
+        params.split_parameters([("checkpoints", "a/b")], {"checkpoints": []})
 
 
 def test_failing_notebook_fails_the_run_with_cell_and_error(tmp_path, monkeypatch):
@@ -215,8 +222,8 @@ def test_failing_notebook_fails_the_run_with_cell_and_error(tmp_path, monkeypatc
 
     tiny = CaptureOptions(seq_len=512, bucket_size=64, docs=2)
     # cell 3 of the executed copy: papermill inserts the injected-parameters cell after the parameters cell
-    with pytest.raises(batch.RunError, match=r"01_bad.ipynb failed in cell 3: ValueError: planted failure"):
-        batch.run(tiny, tmp_path / "run", notebooks=[bad / "01_bad.ipynb"], progress=False)
+    with pytest.raises(rundir.RunError, match=r"01_bad.ipynb failed in cell 3: ValueError: planted failure"):
+        stages.run(tiny, tmp_path / "run", notebooks=[bad / "01_bad.ipynb"], progress=False)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["notebooks"][0]["error"].startswith("ValueError")
 
@@ -233,10 +240,10 @@ def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, m
     cap.attrs.update(options.to_dict())
     (tmp_path / "run").mkdir()
     save_capture(cap, tmp_path / "run" / "capture.nc")
-    run = batch.load_run(tmp_path / "run")
+    run = rundir.load_run(tmp_path / "run")
     assert run.options == options and calls == []
-    with pytest.raises(batch.RunError, match="seq_len: 1024 there, 2048 asked"):
-        batch.load_run(tmp_path / "run", seq_len=2048, bucket_size=128)
+    with pytest.raises(rundir.RunError, match="seq_len: 1024 there, 2048 asked"):
+        rundir.load_run(tmp_path / "run", seq_len=2048, bucket_size=128)
 
 
 def _sleepy_notebook(folder, name, body):
@@ -264,15 +271,15 @@ def test_notebooks_run_at_once_with_jobs_and_the_manifest_keeps_their_order(tmp_
     # a relative run directory: papermill moves the working directory while a notebook runs, and the manifest
     # is written meanwhile
     monkeypatch.chdir(tmp_path)
-    result = batch.run(tiny, "run", notebooks=[p.relative_to(tmp_path) for p in paths], progress=False, jobs=2)
+    result = stages.run(tiny, "run", notebooks=[p.relative_to(tmp_path) for p in paths], progress=False, jobs=2)
     spans = [json.loads((tmp_path / "run" / f"{i}.json").read_text()) for i in (1, 2)]
     assert max(s[0] for s in spans) < min(s[1] for s in spans)  # both kernels were inside their sleep at once
     assert [e["name"] for e in result.manifest["notebooks"]] == ["01_sleep.ipynb", "02_sleep.ipynb"]
     assert all(e["status"] == "ok" for e in result.manifest["notebooks"])
     assert list((tmp_path / "run").glob("bootstrap*.nc"))  # made once before the notebooks, not by each of them
     bad = _sleepy_notebook(folder, "03_bad.ipynb", "raise ValueError('planted failure')")
-    with pytest.raises(batch.RunError, match=r"03_bad.ipynb failed in cell 3: ValueError: planted failure"):
-        batch.run(tiny, tmp_path / "run", notebooks=[*paths, bad], progress=False, jobs=2)
+    with pytest.raises(rundir.RunError, match=r"03_bad.ipynb failed in cell 3: ValueError: planted failure"):
+        stages.run(tiny, tmp_path / "run", notebooks=[*paths, bad], progress=False, jobs=2)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "failed"
     assert [(e["name"], e["status"]) for e in manifest["notebooks"]] == [

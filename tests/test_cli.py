@@ -117,7 +117,7 @@ def test_capture_flags_are_the_capture_options():
 
 def test_capture_options_from_flags_preset_and_parameters():
     from qkplast.pipeline.cli_capture import capture_options
-    from qkplast.pipeline.batch import split_parameters
+    from qkplast.pipeline.params import split_parameters
     from qkplast.pipeline.cli import build_parser
     from qkplast.options import PRESETS
 
@@ -141,7 +141,7 @@ def test_theory_command(capsys):
 
 
 def test_run_parameter_values_are_python_literals():
-    from qkplast.pipeline.batch import _literal
+    from qkplast.pipeline.params import parse_literal as _literal
 
     assert _literal("16") == 16 and _literal("0.5") == 0.5 and _literal("True") is True and _literal("none") is None
     assert _literal("['a@r1', 'b']") == ["a@r1", "b"] and _literal('{"covariance": "full"}') == {"covariance": "full"}

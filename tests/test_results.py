@@ -10,6 +10,8 @@ import qkplast
 from qkplast.results import reference
 from qkplast.results import tables as results
 from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.options import CaptureOptions
+from qkplast.rundir import checkpoint_metrics
 from qkplast.stats.verdict import null_verdict
 from qkplast.theory.planted import planted_capture
 
@@ -108,14 +110,14 @@ def test_checkpoint_metrics_over_local_checkpoints(tmp_path, monkeypatch):
                   device="cpu", dtype="auto", rope_scaling=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlasticityWarning)
-        got = results.checkpoint_metrics(ckpts, tmp_path / "run", **params)
+        got = checkpoint_metrics(ckpts, tmp_path / "run", CaptureOptions(**params))
     assert list(got) == ckpts
     table = results.trajectory_table(got)
     assert table.shape == (2, 6) and table.iloc[0]["bias_str"] != table.iloc[1]["bias_str"]
     import qkplast.capture.driver
 
     monkeypatch.setattr(qkplast.capture.driver, "run_capture", lambda *a, **k: pytest.fail("recaptured"))
-    again = results.checkpoint_metrics(ckpts, tmp_path / "run", **params)
+    again = checkpoint_metrics(ckpts, tmp_path / "run", CaptureOptions(**params))
     assert again[ckpts[0]].identical(got[ckpts[0]])
 
 

@@ -16,7 +16,8 @@ import yaml
 
 from qkplast.results import reference
 from qkplast.pipeline.cli import main
-from qkplast.pipeline.study import (STAGES, StudyError, format_status, is_done, load_study, parse_study, slug, status)
+from qkplast.pipeline.study import format_status, status
+from qkplast.rundir.study_file import STAGES, StudyError, is_done, load_study, parse_study, slug
 from test_capture import COMMON, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -355,7 +356,7 @@ def test_head_bootstrap_interval_covers_the_mean_and_shrinks_with_more_heads():
 def test_injected_parameters_fold_into_the_parameters_cell(tmp_path):
     import nbformat
 
-    from qkplast.results.crossrun import fold_injected_parameters
+    from qkplast.pipeline.book import fold_injected_parameters
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# t"),
@@ -374,10 +375,10 @@ def test_injected_parameters_fold_into_the_parameters_cell(tmp_path):
 
 
 def test_compare_reads_every_analysed_run_of_a_study(planted_study, tmp_path, capsys):
-    from qkplast.pipeline import batch
     from qkplast.results import crossrun
+    from qkplast.results.summary import compare
 
-    table = batch.compare([planted_study.source])
+    table = compare([planted_study.source])
     assert list(table.index) == ["Qwen-3-4B", "meta-llama-llama-3.2-3b", "x-other"]  # study order, analysed runs
     code, out, _ = _cli(capsys, "compare", str(planted_study.source), "--out", str(tmp_path / "t.csv"))
     assert code == 0 and (tmp_path / "t.csv").read_text().count("\n") == 4
@@ -403,7 +404,8 @@ def test_a_checkpoint_series_gets_the_trajectory_in_study_order(planted_study, t
 
 
 def test_a_live_run_is_not_submitted_twice_and_a_dead_one_is_failed(tmp_path, capsys):
-    from qkplast.pipeline.study import STATE, submit
+    from qkplast.pipeline.study import submit
+    from qkplast.rundir.study_file import STATE
 
     path = _write(tmp_path / "s.yaml", {"name": "s", "out": str(tmp_path / "o"), "models": [{"id": "a/b"}]})
     study = load_study(path)

@@ -37,7 +37,6 @@ from different key sets).
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, replace
 

@@ -17,6 +17,10 @@ from qkplast.analysis.rotation import rotation_dataset, rotation_from_moments
 
 HEAD_COORDS = ("layer", "q_head", "kv_head", "rope")
 
+#: Version of :func:`analyze`'s output: bump it when a metric is added, removed, renamed or computed
+#: differently, so run directories recompute their metrics instead of reusing stale ones.
+SCHEMA_VERSION = 1
+
 
 def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset]:
     """The Datasets of :func:`~qkplast.analysis.pca.pca`, :func:`~qkplast.analysis.rotation.rotation` and
@@ -84,5 +88,6 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
     if opt.open_questions:  # beyond the thesis: listwise plasticity and the AP_drop decomposition
         out = out.merge(open_questions(capture, opt, out), compat="no_conflicts", combine_attrs="drop")
     out = out.assign_coords({name: ("head", capture[name].values) for name in HEAD_COORDS})
-    out.attrs = {"qkplast_version": __version__, "options": opt.to_dict(), "capture": dict(capture.attrs)}
+    out.attrs = {"qkplast_version": __version__, "schema_version": SCHEMA_VERSION, "options": opt.to_dict(),
+                 "capture": dict(capture.attrs)}
     return out

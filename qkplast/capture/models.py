@@ -24,8 +24,10 @@ Qwen3) is applied to the text config before the weights are loaded.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
+import io
 import importlib.util
 import json
 import os
@@ -34,7 +36,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkplast.errors import QkplastError
+from qkplast.options import ModelError, split_revision
 
 __all__ = [
     "ModelError",
@@ -53,6 +55,8 @@ __all__ = [
     "load_config",
     "load_tokenizer",
     "release_model",
+    "load_for",
+    "quiet_transformers",
     "split_revision",
 ]
 
@@ -62,10 +66,6 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "qkplast-source.json"
 _ROPE_TYPES = ("yarn", "linear", "dynamic")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-class ModelError(QkplastError):
-    """A model cannot be found, loaded or used with the requested settings."""
 
 
 def cache_dir() -> Path:
@@ -293,30 +293,6 @@ class LoadedModel:
     info: dict
 
 
-def split_revision(spec: str, revision: str | None = None) -> tuple[str, str | None]:
-    """Split ``owner/name@revision`` into ``(name, revision)``.
-
-    An existing local path is never split (a directory may contain ``@``).
-    An explicit ``revision`` agreeing with the one in ``spec`` (or given
-    alone) wins; two different revisions are an error.
-
-    Raises
-    ------
-    ModelError
-        ``spec`` and ``revision`` name different revisions, or the revision after ``@`` is empty.
-    """
-    name, at = spec, None
-    if "@" in spec and not Path(spec).expanduser().exists():
-        name, at = spec.rsplit("@", 1)
-        if not at or not name:
-            raise ModelError(f"bad model {spec!r}: expected NAME@REVISION with both parts non-empty")
-    if at is not None and revision is not None and at != revision:
-        raise ModelError(
-            f"model {spec!r} names revision {at!r} but --revision is {revision!r}; give the revision once"
-        )
-    return name, revision if revision is not None else at
-
-
 def _is_local(name: str) -> bool:
     return Path(name).expanduser().exists()
 
@@ -525,6 +501,33 @@ def load_model(
         max_positions=max_sequence_length(model.config),
     )
     return LoadedModel(model, tokenizer, info)
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' progress bars and logging, so notebook outputs stay the same machine to machine."""
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        transformers.logging.enable_progress_bar()
+
+
+def load_for(options) -> LoadedModel:
+    """The model and tokenizer a capture's :class:`~qkplast.options.CaptureOptions` name, loaded quietly.
+
+    The one way the pipeline, the run directory and the experiments load a run's model: its model,
+    revision, device, dtype and RoPE override, checked against its ``seq_len`` before the weights load.
+    """
+    with quiet_transformers():
+        return load_model(options.model, device=options.device, dtype=options.dtype,
+                          rope_scaling=options.rope_scaling, revision=options.revision, seq_len=options.seq_len)
 
 
 def release_model(loaded: LoadedModel) -> None:

@@ -192,11 +192,10 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
     its settings is cut from it (the same heads, documents and positions a new
     capture would take; the tokens are checked) instead of a forward pass.
     """
-    from qkplast.pipeline.batch import quiet_transformers
-    from qkplast.capture.driver import capture as capture_into
     from qkplast.capture.corpus import open_corpus_for
+    from qkplast.capture.driver import capture as capture_into
+    from qkplast.capture.models import load_for, quiet_transformers
     from qkplast.io import open_capture, save_capture
-    from qkplast.capture.models import load_model
 
     run = capture or CaptureOptions()
     offset = seq_len // 2 if offset is None else int(offset)
@@ -220,8 +219,7 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
                 out[name], seconds[name] = open_capture(path), 0.0
                 continue
             if loaded is None:
-                loaded = load_model(run.model, device=run.device, dtype=run.dtype, rope_scaling=run.rope_scaling,
-                                    revision=run.revision)
+                loaded = load_for(run)
                 need = max(c["seq_len"] + c["start"] for c in grid.values()) + 16  # margin: decode + re-encode may merge a few tokens
                 tokens = select_documents(open_corpus_for(run),
                                           loaded.tokenizer, docs, need)

@@ -27,7 +27,7 @@ from qkplast.analysis.plasticity import PlasticityWarning
 
 __all__ = ["Condition", "conditions", "run_grid", "paired_bootstrap", "effect_table", "random_null",
            "readings", "clamp_geometry", "plot_copy_by_distance", "plot_effects", "plot_clamp_geometry", "contrast",
-           "baseline_table", "load", "load_or_run_grid", "load_or_clamp_geometry", "calibrate_clamps",
+           "baseline_table", "load_or_run_grid", "load_or_clamp_geometry", "calibrate_clamps",
            "load_or_calibrate"]
 
 CLAMP_BY = "bias_strength"
@@ -515,15 +515,6 @@ def baseline_table(grid: xr.Dataset, n_boot: int = 2000, level: float = 0.95, se
         est, lo, hi = _interval(v.mean(-1), paired_bootstrap(v, n_boot, seed), level)
         out[var], out[f"{var} lo"], out[f"{var} hi"] = est, lo, hi
     return pd.DataFrame(out, index=pd.Index(grid.distance.values, name="distance"))
-
-
-def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=None, revision: str | None = None):
-    """Load a model for the interventions with transformers' progress bars silenced (deterministic notebook output)."""
-    from qkplast.pipeline.batch import quiet_transformers
-    from qkplast.capture.models import load_model
-
-    with quiet_transformers():
-        return load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling, revision=revision)
 
 
 # --------------------------------------------------------------------------- caching in the run directory

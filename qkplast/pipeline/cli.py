@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from dataclasses import fields
 from pathlib import Path
 
-from qkplast.pipeline.cli_capture import add_capture_flags, add_capture_parser, add_plan_flags, add_plan_parser, add_prepare_parser
 from qkplast.errors import QkplastError
+from qkplast.options import AnalysisOptions
+from qkplast.pipeline.cli_capture import add_capture_flags, add_capture_parser, add_plan_flags, add_plan_parser, add_prepare_parser
 from qkplast.pipeline.cli_study import add_study_parser
-from qkplast.options import _CHOICES, AnalysisOptions
+from qkplast.pipeline.flags import add_option_flags, given_options
+from qkplast.rundir.directory import STAGES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,39 +48,9 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-def add_option_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = (), suppress: bool = False) -> None:
-    """One flag per analysis option, typed from its default (``skip``: names another group owns).
-
-    With ``suppress`` only the flags given reach the namespace (``qkplast run`` merges them with ``-p``).
-    """
-    group = parser.add_argument_group("analysis options (see qkplast.AnalysisOptions)")
-    for f in fields(AnalysisOptions):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        kind = type(f.default)
-        kwargs = {"dest": f.name, "default": argparse.SUPPRESS if suppress else f.default,
-                  "help": f"default: {f.default}"}
-        if f.name in _CHOICES:
-            kwargs["choices"] = _CHOICES[f.name]
-        elif kind is bool:
-            kwargs["type"] = _bool
-        else:
-            kwargs["type"] = kind
-        group.add_argument(flag, **kwargs)
-
-
-def options_from_args(args: argparse.Namespace) -> AnalysisOptions:
-    return AnalysisOptions(**{f.name: getattr(args, f.name) for f in fields(AnalysisOptions)})
+def add_analysis_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """One flag per :class:`~qkplast.options.AnalysisOptions` field (``skip``: names the capture flags own)."""
+    add_option_flags(parser, AnalysisOptions, title="analysis options (see qkplast.AnalysisOptions)", skip=skip)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -92,7 +63,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     capture = open_capture(args.capture)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        metrics = analyze(capture, options_from_args(args))
+        metrics = analyze(capture, AnalysisOptions(**given_options(AnalysisOptions, args)))
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     save_dataset(metrics, out, overwrite=args.overwrite)
@@ -115,13 +86,13 @@ def cmd_theory(args: argparse.Namespace) -> int:
 
 def _analysis_from_args(args: argparse.Namespace, capture_seed: int, overrides: dict) -> AnalysisOptions:
     """Analysis options of ``qkplast run``: its analysis flags, the seed of the capture, then ``-p`` overrides."""
-    given = {f.name: getattr(args, f.name) for f in fields(AnalysisOptions) if hasattr(args, f.name)}
-    return AnalysisOptions(**{"seed": capture_seed, **given, **overrides})
+    return AnalysisOptions(**{"seed": capture_seed, **given_options(AnalysisOptions, args), **overrides})
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from qkplast.pipeline.cli_capture import capture_options
-    from qkplast.pipeline.batch import run, split_parameters
+    from qkplast.pipeline.params import split_parameters
+    from qkplast.pipeline.stages import run
 
     capture_overrides, analysis_overrides, notebook = split_parameters(args.parameter or [])
     capture = capture_options(args, **capture_overrides)
@@ -143,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from qkplast.pipeline.batch import compare
+    from qkplast.results.summary import compare
 
     table = compare(args.runs)
     print(table.T.to_string(float_format=lambda v: f"{v:.4g}"))
@@ -161,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("capture", help="capture file written by qkplast capture / qkplast.save_capture")
     p.add_argument("--out", required=True, help="metrics file to write (netCDF)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    add_option_flags(p)
+    add_analysis_flags(p)
     p.set_defaults(func=cmd_analyze)
 
     add_prepare_parser(sub)
@@ -177,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
                    help="a capture option, analysis option or notebook parameter, typed from its definition, "
                    "e.g. -p docs 16 -p covariance full -p n_boot 100")
-    p.add_argument("--stage", choices=("capture", "analyze", "notebooks"), default="notebooks",
+    p.add_argument("--stage", choices=STAGES, default="notebooks",
                    help="stop after this stage (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="print the capture plan (qkplast plan) and stop")
     add_plan_flags(p)
@@ -187,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="notebooks executed at once, each in its own kernel (default: %(default)s; the book build "
                    "uses 2 on CPU; keep 1 where a notebook would load a large model onto a GPU twice)")
     add_capture_flags(p)
-    add_option_flags(p, skip=("seed", "device"), suppress=True)
+    add_analysis_flags(p, skip=("seed", "device"))
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="cross-model table of headline metrics from run directories")

@@ -1,7 +1,7 @@
 """The ``qkplast capture``, ``plan`` and ``prepare`` subcommands (wired into :mod:`qkplast.pipeline.cli`).
 
 The capture flags are generated from the fields of :class:`qkplast.CaptureOptions`
-(``seq_len`` -> ``--seq-len``), typed and documented from the dataclass, so
+(``seq_len`` -> ``--seq-len``, :mod:`qkplast.pipeline.flags`), typed and documented from the dataclass, so
 ``qkplast capture``, ``qkplast plan`` and ``qkplast run`` accept the same names
 the manifest and the capture attrs record.
 """
@@ -9,77 +9,32 @@ the manifest and the capture attrs record.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
-from qkplast.errors import QkplastError
-from qkplast.options import _CAPTURE_CHOICES, PRESETS, CaptureOptions, typed_option
+from qkplast.options import PRESETS, CaptureOptions
+from qkplast.pipeline.flags import add_option_flags, given_options
 
 __all__ = ["add_capture_flags", "add_capture_parser", "add_plan_parser", "add_prepare_parser", "capture_options",
-           "cmd_capture", "cmd_plan", "cmd_prepare", "field_help"]
-
-
-def field_help(cls) -> dict[str, str]:
-    """First sentence of each field's entry in the numpydoc ``Parameters``-style docstring of ``cls``."""
-    out, lines = {}, (cls.__doc__ or "").splitlines()
-    for i, line in enumerate(lines):
-        m = re.match(r"\s{4}([a-z_, ]+) : ", line)
-        if not m or i + 1 >= len(lines):
-            continue
-        text = []
-        for follow in lines[i + 1:]:
-            if not follow.startswith(" " * 8):
-                break
-            text.append(follow.strip())
-        sentence = re.split(r"(?<!e\.g)(?<!i\.e)\. ", re.sub(r":\w+:`~?([^`]+)`", r"\1", " ".join(text)).replace("``", ""))[0].rstrip(".")
-        for name in m.group(1).split(","):
-            out[name.strip()] = sentence.replace("%", "%%")
-    return out
-
-
-def _typed(cls, name: str):
-    def parse(text: str):
-        try:
-            return typed_option(cls, name, text)
-        except QkplastError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = name  # argparse names the type in its message
-    return parse
+           "cmd_capture", "cmd_plan", "cmd_prepare"]
 
 
 def add_capture_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per :class:`CaptureOptions` field, plus ``--preset``; only flags given reach the namespace.
+    """One flag per :class:`CaptureOptions` field (:mod:`qkplast.pipeline.flags`), plus ``--preset``.
 
-    Defaults are not set on the parser (``argparse.SUPPRESS``): :func:`capture_options` starts from the preset
-    and applies the flags given, so a preset's values are not masked by the dataclass defaults.
+    Only flags given reach the namespace: :func:`capture_options` starts from the preset and applies them,
+    so a preset's values are not masked by the dataclass defaults.
     """
-    group = parser.add_argument_group("capture options (see qkplast.CaptureOptions; defaults: --preset default)")
-    group.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                       help="named capture settings the flags below modify: 'default' (8192-token windows of "
-                       "python-docs) or 'fast' (2048-token windows of pydoc-topics) (default: %(default)s)")
-    helps, base = field_help(CaptureOptions), CaptureOptions()
-    for f in fields(CaptureOptions):
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(base, f.name)
-        text = f"{helps.get(f.name, '')} (default: {'all' if default is None and f.name == 'heads' else default})"
-        kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
-        if isinstance(default, bool):
-            group.add_argument(flag, action="store_true", **kwargs)
-            continue
-        if f.name in _CAPTURE_CHOICES:
-            kwargs["choices"] = _CAPTURE_CHOICES[f.name]
-        else:
-            kwargs["type"] = _typed(CaptureOptions, f.name)
-        group.add_argument(flag, **kwargs)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                        help="named capture settings the capture flags modify: 'default' (8192-token windows of "
+                        "python-docs) or 'fast' (2048-token windows of pydoc-topics) (default: %(default)s)")
+    add_option_flags(parser, CaptureOptions, title="capture options (see qkplast.CaptureOptions; defaults: --preset default)")
 
 
 def capture_options(args: argparse.Namespace, **overrides) -> CaptureOptions:
     """The preset of ``args`` with the capture flags given, then ``overrides`` (e.g. from ``-p``), applied."""
-    given = {f.name: getattr(args, f.name) for f in fields(CaptureOptions) if hasattr(args, f.name)}
-    return replace(PRESETS[args.preset], **{**given, **overrides})
+    return replace(PRESETS[args.preset], **{**given_options(CaptureOptions, args), **overrides})
 
 
 def _summary(ds) -> str:
@@ -91,10 +46,9 @@ def _summary(ds) -> str:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     """Run a capture from parsed ``qkplast capture`` arguments; return the exit code."""
-    from qkplast.pipeline.batch import capture_file
+    from qkplast.capture.driver import run_capture
 
-    options = capture_options(args)
-    ds = capture_file(options, args.out, overwrite=args.overwrite, progress=not args.no_progress)
+    ds = run_capture(capture_options(args), args.out, overwrite=args.overwrite, progress=not args.no_progress)
     print(_summary(ds))
     print(f"wrote {args.out}")
     return 0

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from qkplast.rundir.directory import STAGES
 
 __all__ = ["add_study_parser", "cmd_study"]
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from qkplast.pipeline.study import StudyError, format_status, load_study, status, submit
+    from qkplast.pipeline.study import format_status, status, submit
+    from qkplast.rundir.study_file import load_study
 
-    try:
-        study = load_study(args.study)
-    except StudyError as exc:
-        print(f"qkplast study: error: {exc}", file=sys.stderr)
-        return 2
+    study = load_study(args.study)  # a bad file is a StudyError, reported in one line by qkplast.pipeline.cli.main
     if args.status:
         rows = status(study, args.stage)
         print(format_status(rows))
@@ -37,7 +35,7 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("study", help="study file (YAML, see studies/) or a study directory holding study.json")
     p.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="local: jobs on this machine, waited for; slurm: one array per resource set, submitted")
-    p.add_argument("--stage", choices=("capture", "analyze", "notebooks"), default=None,
+    p.add_argument("--stage", choices=STAGES, default=None,
                    help="stop each run after this stage (default: notebooks, everything qkplast run does)")
     p.add_argument("--status", action="store_true",
                    help="print one line per run (pending, running, done, failed with the reason and log) and exit")

@@ -10,9 +10,7 @@ A study file (YAML) names the runs::
       - {id: Qwen/Qwen3-0.6B, rope_scaling: "yarn:4:32768"}
       - {id: HuggingFaceTB/SmolLM3-3B-checkpoints@stage1-step-40000, name: smollm3-s1-40k, seq_len: 4096}
 
-Keys of ``defaults`` and of a model entry are :class:`~qkplast.options.CaptureOptions` fields, plus
-``analysis`` (:class:`~qkplast.options.AnalysisOptions` overrides), ``id``, ``name`` and, in an
-entry, ``resources`` (overrides of the study's). Each run is one submitit job; jobs with the same
+The file is parsed and validated by :mod:`qkplast.rundir.study_file`. Each run is one submitit job; jobs with the same
 resources form one SLURM array. A job is checkpointable: on timeout or preemption submitit requeues
 it and it resumes from its run directory (the capture's finished parts, the analysis, the executed
 notebooks are reused). A finished run writes ``RUN/study-done.json``; a second ``qkplast study``
@@ -23,169 +21,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 import traceback
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import submitit
 
-from qkplast.errors import QkplastError
-from qkplast.options import AnalysisOptions, CaptureOptions
-
-STAGES = ("capture", "analyze", "notebooks")
-#: run directory files written by the study machinery
-DONE, STATE, ATTEMPTS = "study-done.json", "study-state.json", "study-attempts.jsonl"
-STUDY_JSON = "study.json"
-
-CAPTURE_FIELDS = tuple(f.name for f in fields(CaptureOptions))
-#: study resources -> submitit parameter (``slurm_`` prefixed ones only reach SLURM)
-RESOURCES = {"gpus": "gpus_per_node", "timeout_min": "timeout_min", "mem_gb": "mem_gb",
-             "partition": "slurm_partition", "array_parallelism": "slurm_array_parallelism",
-             "cpus": "cpus_per_task", "max_num_timeout": None, "signal_delay_s": None}
-DEFAULT_RESOURCES = {"timeout_min": 60, "max_num_timeout": 3, "array_parallelism": 1}
-TOP_KEYS = ("name", "out", "defaults", "resources", "models", "description")
-ENTRY_KEYS = (*CAPTURE_FIELDS, "analysis", "id", "name", "resources")
-
-
-class StudyError(QkplastError):
-    """A study file is invalid (the message names the entry and the fix)."""
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run of a study: where it lives and what it captures and analyses."""
-
-    name: str
-    id: str
-    capture: CaptureOptions
-    analysis: dict
-    resources: dict
-    run_dir: Path
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "id": self.id, "capture": self.capture.to_dict(), "analysis": self.analysis,
-                "resources": self.resources, "run_dir": str(self.run_dir)}
-
-
-@dataclass(frozen=True)
-class Study:
-    name: str
-    out: Path
-    source: Path
-    runs: tuple[RunSpec, ...]
-    description: str = ""
-    resources: dict = field(default_factory=dict)
-    raw: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def state_path(self) -> Path:
-        return self.out / STUDY_JSON
-
-
-# --------------------------------------------------------------------------- parsing and validation
-
-
-def slug(text: str) -> str:
-    """Default run name of an id: ``Qwen/Qwen3-0.6B`` -> ``qwen-qwen3-0.6b``."""
-    return re.sub(r"[^a-z0-9._]+", "-", text.lower()).strip("-.")
-
-
-def _entry_label(i: int, entry) -> str:
-    ident = entry.get("name") or entry.get("id") if isinstance(entry, dict) else None
-    return f"models[{i}]" + (f" ({ident})" if ident else "")
-
-
-def _check_keys(where: str, mapping, allowed) -> None:
-    if not isinstance(mapping, dict):
-        raise StudyError(f"{where}: expected a mapping, got {type(mapping).__name__}")
-    unknown = sorted(set(mapping) - set(allowed))
-    if unknown:
-        raise StudyError(f"{where}: unknown key(s) {unknown}; allowed: CaptureOptions fields, "
-                         f"{[k for k in allowed if k not in CAPTURE_FIELDS]}")
-
-
-def _resources(where: str, res: dict) -> dict:
-    _check_keys(where, res, RESOURCES)
-    for k, v in res.items():
-        if k != "partition" and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
-            raise StudyError(f"{where}: {k} must be a non-negative number, got {v!r}")
-    return res
-
-
-def _run_spec(i: int, entry, defaults: dict, base_resources: dict, out: Path) -> RunSpec:
-    where = _entry_label(i, entry)
-    _check_keys(where, entry, ENTRY_KEYS)
-    if not entry.get("id"):
-        raise StudyError(f"{where}: missing 'id' (a hub id, owner/name@revision, a local directory or smollm2-135m)")
-    ident = str(entry["id"])
-    model, _, revision = ident.partition("@")
-    merged = {**{k: v for k, v in defaults.items() if k != "analysis"},
-              **{k: v for k, v in entry.items() if k in CAPTURE_FIELDS}}
-    if revision and merged.get("revision") not in (None, revision):
-        raise StudyError(f"{where}: id names revision {revision!r} but 'revision' is {merged['revision']!r}; give one")
-    merged.setdefault("model", model)
-    if revision:
-        merged["revision"] = revision
-    try:
-        capture = CaptureOptions(**merged)
-    except (TypeError, ValueError) as exc:
-        raise StudyError(f"{where}: {exc}") from None
-    analysis = {**(defaults.get("analysis") or {}), **(entry.get("analysis") or {})}
-    try:
-        AnalysisOptions.from_kwargs(None, **analysis)
-    except (TypeError, ValueError) as exc:
-        raise StudyError(f"{where}: analysis: {exc}") from None
-    name = str(entry.get("name") or slug(ident))
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise StudyError(f"{where}: name {name!r} must be letters, digits, '.', '_' or '-' (it is a directory)")
-    res = {**base_resources, **_resources(f"{where}: resources", entry.get("resources") or {})}
-    return RunSpec(name, ident, capture, analysis, res, out / name)
-
-
-def parse_study(data: dict, source: Path, out: str | os.PathLike | None = None) -> Study:
-    """Validate a study mapping; every problem is a :class:`StudyError` naming the entry."""
-    _check_keys(str(source), data, TOP_KEYS)
-    for key in ("name", "models"):
-        if not data.get(key):
-            raise StudyError(f"{source}: missing '{key}'")
-    if not isinstance(data["models"], list):
-        raise StudyError(f"{source}: 'models' must be a list of entries")
-    defaults = data.get("defaults") or {}
-    _check_keys(f"{source}: defaults", defaults, (*CAPTURE_FIELDS, "analysis"))
-    resources = {**DEFAULT_RESOURCES, **_resources(f"{source}: resources", data.get("resources") or {})}
-    out = Path(out or data.get("out") or Path("runs") / str(data["name"])).resolve()
-    runs, seen = [], {}
-    for i, entry in enumerate(data["models"]):
-        spec = _run_spec(i, entry, defaults, resources, out)
-        if spec.name in seen:
-            raise StudyError(f"{_entry_label(i, entry)}: duplicate name {spec.name!r} (also models[{seen[spec.name]}]);"
-                             " give one of them a 'name'")
-        seen[spec.name] = i
-        runs.append(spec)
-    return Study(str(data["name"]), out, source, tuple(runs), str(data.get("description", "")), resources, data)
-
-
-def load_study(path: str | os.PathLike, out: str | os.PathLike | None = None) -> Study:
-    """Read and validate a study file, or the ``study.json`` of a study directory."""
-    import yaml
-
-    path = Path(path)
-    if path.is_dir():
-        recorded = json.loads((path / STUDY_JSON).read_text()) if (path / STUDY_JSON).exists() else None
-        if recorded is None:
-            raise StudyError(f"{path} is not a study directory (no {STUDY_JSON}); pass the study's YAML file")
-        return parse_study(recorded["study"], Path(recorded["source"]), out or path)
-    if not path.exists():
-        raise StudyError(f"study file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise StudyError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    return parse_study(data or {}, path, out)
-
+from qkplast.rundir.study_file import (ATTEMPTS, DONE, RESOURCES, STAGES, STATE, RunSpec, Study, StudyError,
+                                       done_stage, is_done)
 
 # --------------------------------------------------------------------------- one run (inside the job)
 
@@ -196,32 +40,21 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def done_stage(run_dir: Path) -> str | None:
-    """The furthest stage this run finished (its marker), or None."""
-    marker = Path(run_dir) / DONE
-    return json.loads(marker.read_text())["stage"] if marker.exists() else None
-
-
-def is_done(run_dir: Path, stage: str) -> bool:
-    finished = done_stage(run_dir)
-    return finished is not None and STAGES.index(finished) >= STAGES.index(stage)
-
-
 def _parts_written(run_dir: Path) -> int:
     return len(list((run_dir / "capture.nc.parts").glob("doc-*.nc")))
 
 
 def execute_run(spec: RunSpec, stage: str, parameters: dict | None = None) -> None:
-    """The one call into :mod:`qkplast.pipeline.batch` (the only place a study reaches a run).
+    """The one call into :func:`qkplast.pipeline.stages.run` (the only place a study reaches a run).
 
-    ``batch.run`` stops after ``stage`` and reuses what the run directory already holds (finished capture
+    ``run`` stops after ``stage`` and reuses what the run directory already holds (finished capture
     parts, the analysis, executed notebooks), which is what makes a requeued job resume. ``parameters``
     reach every notebook (the book passes ``study``).
     """
-    from qkplast.pipeline import batch
+    from qkplast.pipeline.stages import run
 
-    analysis = AnalysisOptions.from_kwargs(None, seed=spec.capture.seed, **spec.analysis)
-    batch.run(spec.capture, spec.run_dir, analysis=analysis, parameters=parameters, stage=stage, progress=False)
+    run(spec.capture, spec.run_dir, analysis=spec.analysis_options, parameters=parameters, stage=stage,
+        progress=False)
 
 
 class RunJob(submitit.helpers.Checkpointable):
@@ -447,11 +280,4 @@ def format_status(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_dirs(study: Study, stage: str = "analyze") -> list[Path]:
-    """Run directories of the study in study order that finished ``stage`` (or hold its result)."""
-    need = {"capture": "capture.nc", "analyze": "metrics.nc", "notebooks": "metrics.nc"}[stage]
-    return [r.run_dir for r in study.runs if is_done(r.run_dir, stage) or (r.run_dir / need).exists()]
-
-
-__all__ = ["RunJob", "RunSpec", "STAGES", "Study", "StudyError", "format_status", "is_done", "load_study",
-           "parse_study", "run_dirs", "slug", "status", "submit"]
+__all__ = ["RunJob", "execute_run", "format_status", "status", "submit"]

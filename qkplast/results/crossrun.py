@@ -5,8 +5,7 @@ study cells call these functions, which read every run's ``metrics.nc`` in study
 runs beside the thesis's rows: Table 6.1 (plasticity by fifth of the context), the profiles figure,
 Fig. 6.7 (AP_drop against LongBench-Pro, for runs of a model the thesis scored) and, when the study is
 a checkpoint series, the Table 6.2 trajectory. :func:`compare_tables` gives the same tables for
-``qkplast compare``; :func:`fold_injected_parameters` is the book's post-processing of executed
-notebooks.
+``qkplast compare``.
 """
 
 from __future__ import annotations
@@ -22,8 +21,9 @@ import xarray as xr
 
 from qkplast.results import reference
 from qkplast.results import tables as results
-from qkplast.io import open_dataset
-from qkplast.pipeline.study import Study, load_study
+from qkplast.results.summary import compare, context_profiles
+from qkplast.rundir.directory import open_metrics
+from qkplast.rundir.study_file import Study, load_study
 
 N_BOOT = 1000
 
@@ -39,7 +39,7 @@ def study_metrics(study: str | os.PathLike | Study) -> dict[str, xr.Dataset]:
     caller via :func:`missing_runs`.
     """
     study = as_study(study)
-    return {r.name: open_dataset(r.run_dir / "metrics.nc") for r in study.runs if (r.run_dir / "metrics.nc").exists()}
+    return {r.name: open_metrics(r.run_dir) for r in study.runs if (r.run_dir / "metrics.nc").exists()}
 
 
 def missing_runs(study: str | os.PathLike | Study) -> list[str]:
@@ -92,8 +92,7 @@ def geometry_across(study: str | os.PathLike | Study) -> pd.DataFrame:
 
 def profiles(study: str | os.PathLike | Study) -> xr.DataArray:
     """Mean plasticity over the context fraction bins per run (dims ``run, context_bin``), study order."""
-    metrics = study_metrics(study)
-    return xr.concat([m.ap_context.mean("head").expand_dims(run=[name]) for name, m in metrics.items()], "run")
+    return context_profiles(study_metrics(study))
 
 
 def profiles_figure(study: str | os.PathLike | Study):
@@ -193,8 +192,6 @@ def trajectory(study: str | os.PathLike | Study) -> pd.DataFrame:
 
 def compare_tables(study: str | os.PathLike | Study) -> dict[str, pd.DataFrame]:
     """Every cross-run table of the study, by file stem (what ``qkplast compare`` writes as CSV)."""
-    from qkplast.pipeline.batch import compare
-
     study = as_study(study)
     dirs = [r.run_dir for r in study.runs if (r.run_dir / "metrics.nc").exists()]
     tables = {"summary": compare(dirs), "geometry": geometry_across(study), "table_6_1": table_6_1(study),
@@ -202,18 +199,6 @@ def compare_tables(study: str | os.PathLike | Study) -> dict[str, pd.DataFrame]:
     if is_checkpoint_series(study):
         tables["trajectory"] = trajectory(study)
     return tables
-
-
-def expand_runs(paths) -> list[Path]:
-    """Run directories of the arguments of ``qkplast compare``: a study file or study directory stands for
-    its analysed runs in study order; any other path is a run directory."""
-    out = []
-    for p in map(Path, paths):
-        if p.suffix in (".yaml", ".yml") or (p / "study.json").exists():
-            out += [r.run_dir for r in as_study(p).runs if (r.run_dir / "metrics.nc").exists()]
-        else:
-            out.append(p)
-    return out
 
 
 def write_compare(study: str | os.PathLike | Study, out: str | os.PathLike) -> list[Path]:
@@ -227,72 +212,6 @@ def write_compare(study: str | os.PathLike | Study, out: str | os.PathLike) -> l
     return paths
 
 
-# --------------------------------------------------------------------------- the book's notebooks
-
-
-def fold_injected_parameters(path: str | os.PathLike) -> bool:
-    """Fold papermill's injected-parameters cell into the tagged parameters cell and drop it.
-
-    Each assignment of the injected cell replaces the line assigning the same name in the parameters
-    cell (its comment kept), so a reader sees one parameters cell holding the run's values; names the
-    parameters cell does not declare are appended. Returns whether the notebook changed.
-    """
-    import nbformat
-
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    injected = [i for i, c in enumerate(nb.cells) if "injected-parameters" in c.metadata.get("tags", [])]
-    params = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
-    if not injected or not params:
-        return False
-    values = _assignments(nb.cells[injected[0]].source)
-    lines = nb.cells[params[0]].source.splitlines()
-    seen = set()
-    for i, line in enumerate(lines):
-        m = re.match(r"^([A-Za-z_]\w*)\s*=\s*(.*?)(\s+#.*)?$", line)
-        if m and m.group(1) in values:
-            lines[i] = f"{m.group(1)} = {values[m.group(1)]}{m.group(3) or ''}"
-            seen.add(m.group(1))
-    lines += [f"{k} = {v}" for k, v in values.items() if k not in seen]
-    nb.cells[params[0]].source = "\n".join(lines)
-    del nb.cells[injected[0]]
-    nbformat.write(nb, path)
-    return True
-
-
-def _assignments(source: str) -> dict[str, str]:
-    """``name = expression`` lines of papermill's injected cell, as source text."""
-    out = {}
-    for line in source.splitlines():
-        m = re.match(r"^([A-Za-z_]\w*)\s*=\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).rstrip()
-    return out
-
-
-def book_notebooks(study: str | os.PathLike | Study, target: str | os.PathLike) -> list[Path]:
-    """Execute every notebook for the study's first run with ``study`` set, into ``target``, folded.
-
-    The first run of the study is the book's reference run (its pages show that run in detail); the
-    results chapters' study cells read every run. Runs must have been analysed (``qkplast study
-    STUDY --stage analyze``).
-    """
-    from qkplast.pipeline.study import execute_run
-
-    study = as_study(study)
-    first = study.runs[0]
-    target = Path(target)
-    execute_run(first, "notebooks", parameters={"study": str(study.out)})
-    target.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for nb in sorted((first.run_dir / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        paths.append(target / nb.name)
-        paths[-1].write_bytes(nb.read_bytes())
-        fold_injected_parameters(paths[-1])
-    return paths
-
-
-__all__ = ["benchmark_figure", "benchmark_matches", "book_notebooks", "compare_tables", "fold_injected_parameters",
-           "expand_runs", "geometry_across", "profiles_figure",
+__all__ = ["benchmark_figure", "benchmark_matches", "compare_tables", "geometry_across", "profiles_figure",
            "head_bootstrap", "is_checkpoint_series", "missing_runs", "profiles", "study_metrics", "table_6_1",
            "thesis_model", "trajectory", "write_compare"]

@@ -204,7 +204,7 @@ def gaussian_agreement(metrics: xr.Dataset) -> pd.DataFrame:
 
 def corpus_comparison(runs: dict[str, xr.Dataset], boots: dict[str, xr.Dataset] | None = None) -> pd.DataFrame:
     """The same model and analysis on different corpora, side by side (thesis 7.5: untested there)."""
-    from qkplast.pipeline.batch import summarize
+    from qkplast.results.summary import summarize
 
     table = pd.DataFrame({name: summarize(m) for name, m in runs.items()}).round(4).astype(object)
     if boots:
@@ -253,22 +253,3 @@ def thesis_lc_positions() -> pd.DataFrame:
     table = lc.pivot_table(index="label", columns="bin", values="ap", sort=False)
     labels = lc.drop_duplicates("bin").set_index("bin").bin_label
     return table.rename(columns=labels.to_dict()).rename_axis(index="checkpoint", columns="positions")
-
-
-def checkpoint_metrics(checkpoints: list[str], run_dir, **capture_params) -> dict[str, xr.Dataset]:
-    """Capture and analyse each checkpoint (a local directory or ``owner/name@revision``) in its own run dir.
-
-    Returns ``{checkpoint: metrics}`` in the given order; captures are reused on a second call.
-    """
-    from pathlib import Path
-
-    from qkplast.pipeline.batch import load_or_analyze, load_or_capture
-
-    out = {}
-    for ckpt in checkpoints:
-        model, _, revision = ckpt.partition("@")
-        slug = ckpt.replace("/", "__").replace("@", "--")
-        directory = Path(run_dir) / "checkpoints" / slug
-        cap = load_or_capture(directory, model=model, revision=revision or None, **capture_params)
-        out[ckpt] = load_or_analyze(directory, cap, seed=capture_params.get("seed", 0))[0]
-    return out

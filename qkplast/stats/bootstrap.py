@@ -41,6 +41,9 @@ from qkplast.analysis.rotation import rotation_kernel
 METRICS = STATISTICS
 #: replicates by default: enough for 95% percentile and BCa end points
 DEFAULT_REPLICATES = 1000
+#: Version of :func:`bootstrap`'s output: bump it when its variables or intervals change, so run
+#: directories recompute their bootstrap instead of reusing a stale one.
+SCHEMA_VERSION = 1
 
 
 def resample_documents(capture: xr.Dataset, rng: np.random.Generator) -> xr.Dataset:

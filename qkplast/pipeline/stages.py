@@ -1,0 +1,304 @@
+"""``qkplast run``: capture, analyse and execute every notebook for one capture setting, in three stages.
+
+:func:`run` reads top to bottom: open the run directory and its manifest, then :func:`capture_stage`
+(every capture the notebooks read, one model load per model, released before anything else),
+:func:`analyze_stage` (metrics and the document bootstrap of each capture) and :func:`notebook_stage`
+(papermill, ``jobs`` kernels at once). It stops after ``stage``; a rerun reuses every finished
+capture, analysis and notebook (see :mod:`qkplast.rundir.directory`).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import platform
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from importlib import metadata
+from pathlib import Path
+
+from qkplast.io import open_capture, open_dataset
+from qkplast.options import AnalysisOptions, CaptureOptions
+from qkplast.pipeline.params import declared_parameters, notebook_paths
+from qkplast.rundir.directory import (CODE_DIR, STAGES, RunError, check_same_capture, checkpoint_dir,
+                                      checkpoint_options, checkpoint_slug, ensure_capture, load_or_analyze, load_or_bootstrap,
+                                      read_manifest, run_settings, write_manifest)
+
+__all__ = ["CODE_CORPUS", "RunResult", "analyze_stage", "capture_stage", "check_windows", "notebook_stage", "run"]
+
+#: Corpus of the code capture that notebook 09 sets beside the prose (its ``code_corpus`` parameter).
+CODE_CORPUS = "stdlib-code"
+#: the default run's slowest notebooks, slowest first (measured: 12 ~280 s, 13 ~140 s, 07 ~80 s on 2 cores); with
+#: jobs > 1 they start first and the others run beside them
+SLOW_FIRST = ("12_interventions", "13_open_questions", "07_corrections")
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    manifest: dict
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("qkplast", "torch", "transformers", "numpy", "scipy", "xarray", "papermill"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _default_out(capture: CaptureOptions) -> Path:
+    return Path("runs") / checkpoint_slug(capture.model + (f"@{capture.revision}" if capture.revision else ""))
+
+
+def _targets(out: Path, capture: CaptureOptions, parameters: dict) -> list[tuple[Path, CaptureOptions]]:
+    """Every capture the notebooks read: the run's own, the code corpus's (notebook 09) and the checkpoints'
+    (notebook 10, in ``RUN/checkpoints/<slug>`` as :func:`qkplast.rundir.checkpoint_metrics` reads them)."""
+    targets = [(out, capture), (out / CODE_DIR, replace(capture, corpus=parameters.get("code_corpus", CODE_CORPUS)))]
+    for ckpt in parameters.get("checkpoints") or []:
+        targets.append((checkpoint_dir(out, ckpt), checkpoint_options(capture, ckpt)))
+    return targets
+
+
+def check_windows(options: CaptureOptions) -> None:
+    """Everything checkable without weights (config, kernel, and the corpus filling the windows), in seconds."""
+    from qkplast.capture.corpus import open_corpus_for
+    from qkplast.capture.models import quiet_transformers
+    from qkplast.capture.plan import preflight
+
+    with quiet_transformers():
+        preflight(options, open_corpus_for(options))
+
+
+def capture_stage(targets, analysis: AnalysisOptions, progress: bool) -> int:
+    """Every missing capture, one load per model (released before the next and before returning).
+
+    The corpora are checked (tokenizer only) before any weights load. Returns the number of model loads.
+    """
+    from qkplast.capture.models import load_for, release_model
+
+    for run_dir, options in targets:
+        check_same_capture(run_dir, options)
+    missing = [(d, o) for d, o in targets if not (d / "capture.nc").exists()]
+    for _, options in missing:
+        check_windows(options)
+    models = list(dict.fromkeys((o.model, o.revision) for _, o in missing))
+    for model in models:
+        group = [(d, o) for d, o in missing if (o.model, o.revision) == model]
+        loaded = load_for(group[0][1])
+        try:
+            for run_dir, options in group:
+                if progress:
+                    print(f"[qkplast run] capture: {options.corpus}, {options.docs} windows of {options.seq_len} "
+                          f"tokens -> {run_dir / 'capture.nc'}", file=sys.stderr, flush=True)
+                ensure_capture(run_dir, options, analysis, loaded=loaded, progress=progress)
+        finally:
+            release_model(loaded)
+            del loaded
+            gc.collect()
+    return len(models)
+
+
+def analyze_stage(targets, analysis: AnalysisOptions, n_boot: int | None) -> None:
+    """Metrics of every capture and, with ``n_boot``, its document bootstrap.
+
+    The notebooks' bootstrap (07 and 08 on the run, 09 on the code) is made once here: two notebooks running
+    at once (``jobs > 1``) would each compute it.
+    """
+    for run_dir, _ in targets:
+        captured = open_capture(run_dir / "capture.nc")
+        load_or_analyze(run_dir, captured, analysis)
+        if n_boot and len(set(captured.doc.values.tolist())) >= 2:
+            load_or_bootstrap(run_dir, captured, analysis, n_boot)
+
+
+def _source_digest(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:16]
+
+
+def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: bool, label: str | None) -> dict:
+    """Execute one notebook with papermill; its manifest entry (status, seconds or the failing cell)."""
+    import papermill as pm
+
+    if label:
+        print(label, file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(path.parent),
+                            progress_bar=progress_bar, kernel_name="python3")
+    except pm.PapermillExecutionError as exc:
+        return {"name": path.name, "status": "failed", "cell": exc.exec_count, "error": f"{exc.ename}: {exc.evalue}"}
+    seconds = round(time.perf_counter() - t0, 2)
+    if label:
+        print(f"{label} done in {seconds:.0f} s", file=sys.stderr, flush=True)
+    return {"name": path.name, "status": "ok", "seconds": seconds, "source": _source_digest(path),
+            "parameters": nb_params}
+
+
+def _notebooks_to_run(out: Path, manifest: dict, paths: list[Path], parameters: dict):
+    """Manifest entries of notebooks already executed with this source and these parameters, and the rest."""
+    nb_out = out / "notebooks"
+    done = {e["name"]: e for e in manifest["notebooks"] if e.get("status") == "ok"}
+    entries, todo = {}, []
+    for i, path in enumerate(paths, 1):
+        # each notebook gets the parameters it declares (papermill warns about the others)
+        declared = declared_parameters(path)
+        nb_params = {**{k: v for k, v in parameters.items() if k in declared}, "run_dir": str(out)}
+        entry = done.get(path.name)
+        if entry and entry.get("source") == _source_digest(path) and entry.get("parameters") == nb_params \
+                and (nb_out / path.name).exists():
+            entries[path.name] = entry
+        else:
+            todo.append((i, path, nb_params))
+    return entries, todo
+
+
+def notebook_stage(out: Path, manifest: dict, parameters: dict, paths: list[Path], *, jobs: int = 1,
+                   progress: bool = True) -> None:
+    """Execute the notebooks not yet executed with this source and these parameters, ``jobs`` at once.
+
+    The manifest records each notebook as it finishes; the first failure cancels the notebooks not yet
+    started and is raised naming the notebook, the cell and the error.
+    """
+    nb_out = out / "notebooks"
+    nb_out.mkdir(exist_ok=True)
+    entries, todo = _notebooks_to_run(out, manifest, paths, parameters)
+
+    def record():
+        manifest["notebooks"] = [entries[p.name] for p in paths if p.name in entries]
+        write_manifest(out, manifest)
+
+    label = lambda i, path: f"[qkplast run] notebook {i}/{len(paths)}: {path.name}"  # noqa: E731
+    if jobs > 1:  # the longest first, so that the short ones fill in beside them at the end
+        todo.sort(key=lambda item: SLOW_FIRST.index(item[1].stem) if item[1].stem in SLOW_FIRST else len(SLOW_FIRST))
+    failure = None
+    with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+        futures = {pool.submit(_execute_notebook, path, nb_out / path.name, nb_params, progress and jobs == 1,
+                               label(i, path) if progress else None): path for i, path, nb_params in todo}
+        for future in as_completed(futures):
+            path = futures[future]
+            entries[path.name] = entry = future.result()
+            if entry["status"] == "ok":
+                manifest["timings_s"][path.stem] = entry["seconds"]
+            elif failure is None:
+                failure = entry
+                manifest["status"] = "failed"
+                for other in futures:
+                    other.cancel()  # notebooks not yet started are not run
+            record()
+    if failure is not None:
+        raise RunError(f"notebook {failure['name']} failed in cell {failure['cell']}: {failure['error']} "
+                       f"(executed copy with the traceback: {nb_out / failure['name']})")
+    record()
+
+
+def _open(out, capture: CaptureOptions | None, analysis: AnalysisOptions | None, overwrite: bool):
+    """The run directory (absolute), its capture and analysis options and the manifest before this run."""
+    # absolute: papermill changes the process's working directory while it runs a notebook, and with jobs > 1
+    # this thread writes the manifest meanwhile
+    out = Path(out or _default_out(capture or CaptureOptions())).resolve()
+    if out.exists() and overwrite:
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    recorded_capture, recorded_analysis = run_settings(out)
+    capture = capture or recorded_capture
+    check_same_capture(out, capture)
+    previous = read_manifest(out) or {}
+    analysis = analysis or (recorded_analysis if previous.get("analysis") else AnalysisOptions(seed=capture.seed))
+    if previous.get("analysis") and AnalysisOptions(**previous["analysis"]).result_key() != analysis.result_key():
+        raise RunError(f"{out} was analysed with other options; use another run directory (--out) or --overwrite")
+    return out, capture, analysis, previous
+
+
+def _timed(manifest: dict, name: str, t0: float) -> None:
+    manifest["timings_s"][name] = round(time.perf_counter() - t0, 2)
+
+
+def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOptions | None = None,
+        parameters: dict | None = None, stage: str = "notebooks", overwrite: bool = False, progress: bool = True,
+        notebooks: list[Path] | None = None, jobs: int = 1) -> RunResult:
+    """Capture, analyse and execute every notebook for one capture setting; write a manifest.
+
+    Parameters
+    ----------
+    capture : CaptureOptions, optional
+        The capture settings (default: those of an existing run directory, else
+        the :class:`CaptureOptions` defaults).
+    out : path, optional
+        Run directory (default ``runs/<model>``).
+    analysis : AnalysisOptions, optional
+        Analysis options of the run (default: those of an existing run directory,
+        else the thesis defaults with the capture's seed).
+    parameters : dict, optional
+        Notebook parameters (``n_boot``, ``code_corpus``, ...), passed to every notebook.
+    stage : {"capture", "analyze", "notebooks"}
+        Stop after this stage.
+    overwrite : bool
+        Delete an existing run directory first; otherwise a rerun reuses what is
+        finished (captures, analyses, notebooks whose source and parameters did
+        not change) and refuses other capture or analysis settings.
+    progress : bool
+        Progress per document (with ETA) during the captures, per cell in the notebooks.
+    notebooks : list of Path, optional
+        Notebooks to execute (default: every ``notebooks/NN_*.ipynb``).
+    jobs : int
+        Notebooks executed at once, each in its own kernel (default 1). On a
+        CPU machine 2 overlaps the single-threaded parts of one notebook
+        (kernel start, imports, tables, figures) with another's work; the book
+        build uses it. Keep 1 where a notebook loads a large model (chapter 12
+        loads the run's model for its interventions): two kernels would hold two
+        copies on the GPU.
+
+    Raises
+    ------
+    RunError
+        A failing notebook (naming it, the cell and the error; the manifest records
+        the failure) or a run directory made with other settings.
+    """
+    from qkplast.stats.bootstrap import DEFAULT_REPLICATES
+
+    if stage not in STAGES:
+        raise RunError(f"stage must be one of {STAGES}, got {stage!r}")
+    out, capture, analysis, previous = _open(out, capture, analysis, overwrite)
+    parameters = dict(parameters or {})
+    manifest = {"capture": capture.to_dict(), "analysis": analysis.to_dict(), "parameters": parameters,
+                "versions": _versions(), "command": sys.argv, "commit": previous.get("commit"),
+                "timings_s": dict(previous.get("timings_s", {})), "notebooks": list(previous.get("notebooks", [])),
+                "stage": stage, "status": "running"}
+    if capture.device.startswith("cuda"):
+        import torch
+
+        manifest["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    write_manifest(out, {**previous, **manifest})
+    targets = _targets(out, capture, parameters)
+
+    t0 = time.perf_counter()
+    capture_stage(targets, analysis, progress)
+    _timed(manifest, "capture", t0)
+    manifest["commit"] = open_dataset(out / "capture.nc").attrs.get("commit")
+    write_manifest(out, manifest)
+    if stage == "capture":
+        return _finish(out, manifest)
+
+    t0 = time.perf_counter()
+    n_boot = int(parameters.get("n_boot", DEFAULT_REPLICATES)) if stage == "notebooks" else None
+    analyze_stage(targets, analysis, n_boot)
+    _timed(manifest, "analyze", t0)
+    write_manifest(out, manifest)
+    if stage == "analyze":
+        return _finish(out, manifest)
+
+    paths = [Path(p).resolve() for p in (notebooks or notebook_paths())]
+    notebook_stage(out, manifest, parameters, paths, jobs=jobs, progress=progress)
+    return _finish(out, manifest)
+
+
+def _finish(out: Path, manifest: dict) -> RunResult:
+    manifest["status"] = "ok"
+    write_manifest(out, manifest)
+    return RunResult(out, manifest)

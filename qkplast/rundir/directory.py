@@ -1,0 +1,404 @@
+"""The run directory: what one run holds on disk, and how each product is reused or made.
+
+A *run directory* holds everything one capture setting produced::
+
+    RUN/manifest.json        capture and analysis options (CaptureOptions / AnalysisOptions, same names),
+                             notebook parameters, versions, resolved commit, timings, status
+    RUN/capture.nc           the capture (qkplast.io contract), resumable through RUN/capture.nc.parts/
+    RUN/metrics.nc           qkplast.analyze with the run's analysis options
+    RUN/bootstrap.nc         the document bootstrap of the run's metrics
+    RUN/code/                the same for the code corpus (notebook 09)
+    RUN/checkpoints/SLUG/    the same for each checkpoint a notebook reads (notebook 10)
+    RUN/notebooks/*.ipynb    the executed notebooks (papermill)
+
+Every computed product goes through :func:`cached`: the run's own setting is ``RUN/STEM.nc``, any other
+setting ``RUN/STEM-<hash>.nc``, and the key written into each file includes the schema version of the
+code that made it, so a product made before a change in that code's output is recomputed, never reused.
+Notebooks call :func:`load_run`, which reads the settings from ``RUN/manifest.json`` (the
+:class:`CaptureOptions` defaults when the run is new), so the same notebook works inside ``qkplast run``
+and on its own (under nbval, where the first notebook captures with the defaults).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import xarray as xr
+
+from qkplast.errors import QkplastError
+from qkplast.io import open_capture, open_dataset, save_dataset
+from qkplast.options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, typed_option
+
+__all__ = ["CHECKPOINTS_DIR", "CODE_DIR", "MANIFEST", "STAGES", "Run", "RunError", "cached", "capture_differences",
+           "check_same_capture", "checkpoint_dir", "checkpoint_metrics", "checkpoint_slug", "ensure_capture",
+           "load_or_analyze", "load_or_bootstrap", "load_or_capture", "load_run", "open_metrics", "read_manifest",
+           "run_settings", "write_manifest"]
+
+MANIFEST = "manifest.json"
+#: The products of a run in the order ``qkplast run`` makes them; a run (or a study's job) stops after one.
+STAGES = ("capture", "analyze", "notebooks")
+#: Sub-directory of a run that holds the code capture (notebook 09).
+CODE_DIR = "code"
+#: Sub-directory of a run that holds one run directory per checkpoint (notebook 10).
+CHECKPOINTS_DIR = "checkpoints"
+
+CAPTURE_FIELDS = tuple(f.name for f in fields(CaptureOptions))
+ANALYSIS_FIELDS = tuple(f.name for f in fields(AnalysisOptions))
+
+
+class RunError(QkplastError):
+    """A run directory holds other settings or a stale or broken file; the message names which and the fix."""
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def read_manifest(run_dir) -> dict | None:
+    """``RUN/manifest.json`` as a dict, or None when the run has none yet."""
+    path = Path(run_dir) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{path} is not valid JSON ({exc.msg}); delete it or rerun with --overwrite") from exc
+
+
+def write_manifest(run_dir, manifest: dict) -> None:
+    """Write ``RUN/manifest.json`` atomically (a reader never sees half a file)."""
+    path = Path(run_dir) / MANIFEST
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def recorded_in_capture(path: Path) -> dict:
+    """The CaptureOptions fields a capture file's attrs record (a capture made by ``qkplast capture --out``)."""
+    if not path.exists():
+        return {}
+    attrs = open_dataset(path).attrs
+    return {k: attrs[k] for k in CAPTURE_FIELDS if k in attrs}
+
+
+def _namespace_overrides(namespace: dict | None, overrides: dict) -> tuple[dict, dict]:
+    """Capture and analysis fields given by a notebook's ``globals()`` and keywords (keywords win)."""
+    given = {k: v for k, v in (namespace or {}).items() if k in CAPTURE_FIELDS + ANALYSIS_FIELDS}
+    given.update(overrides)
+    unknown = sorted(set(overrides) - set(CAPTURE_FIELDS + ANALYSIS_FIELDS))
+    if unknown:
+        raise UnknownOptionError(f"unknown option(s) {unknown}: neither CaptureOptions nor AnalysisOptions fields")
+    capture = {k: v for k, v in given.items() if k in CAPTURE_FIELDS}
+    analysis = {k: v for k, v in given.items() if k in ANALYSIS_FIELDS}
+    return capture, analysis
+
+
+def run_settings(run_dir, namespace: dict | None = None, **overrides) -> tuple[CaptureOptions, AnalysisOptions]:
+    """The capture and analysis options a run directory was made with (the defaults when it is new).
+
+    ``namespace`` (a notebook's ``globals()``) and ``overrides`` replace fields by name, as in :func:`load_run`;
+    the analysis seed follows a capture seed given without one of its own.
+    """
+    manifest = read_manifest(run_dir) or {}
+    recorded = manifest.get("capture") or recorded_in_capture(Path(run_dir) / "capture.nc")
+    capture = CaptureOptions(**{k: v for k, v in recorded.items() if k in CAPTURE_FIELDS})
+    analysis = AnalysisOptions(**{k: v for k, v in manifest.get("analysis", {"seed": capture.seed}).items()
+                                  if k in ANALYSIS_FIELDS})
+    cap_over, ana_over = _namespace_overrides(namespace, overrides)
+    if "seed" in cap_over:
+        ana_over.setdefault("seed", cap_over["seed"])
+    return replace(capture, **cap_over), replace(analysis, **ana_over)
+
+
+# --------------------------------------------------------------------------- the capture
+
+
+def capture_differences(recorded: dict, wanted: CaptureOptions) -> list[str]:
+    """Settings that change what is captured and differ between a recorded dict and ``wanted``."""
+    from qkplast.capture.models import parse_rope_scaling
+
+    out = []
+    for name, value in wanted.result_key().items():
+        if name not in recorded or name in CAPTURE_EXECUTION_OPTIONS or (name == "dtype" and value == "auto"):
+            continue
+        have = recorded[name]
+        if name == "rope_scaling":
+            have, value = parse_rope_scaling(have), parse_rope_scaling(value)
+        elif have is not None:
+            with contextlib.suppress(QkplastError):
+                have = typed_option(CaptureOptions, name, have)
+        if have != value:
+            out.append(f"{name}: {recorded[name]!r} there, {getattr(wanted, name)!r} asked")
+    return out
+
+
+def check_same_capture(run_dir: Path, wanted: CaptureOptions) -> None:
+    """Refuse a run directory whose capture was made with other settings than ``wanted``."""
+    recorded = (read_manifest(run_dir) or {}).get("capture") or recorded_in_capture(Path(run_dir) / "capture.nc")
+    if not recorded:
+        return
+    diff = capture_differences(recorded, wanted)
+    if diff:
+        raise RunError(f"{run_dir} was made with other capture settings ({'; '.join(diff)}); "
+                       "use another run directory (--out) or --overwrite")
+
+
+def ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions, *, loaded=None,
+                   progress: bool = False) -> Path:
+    """``RUN/capture.nc`` for ``options``: reused when present (refused if made otherwise), else captured.
+
+    A first capture records its settings in the manifest, so the next reader finds them.
+    """
+    from qkplast.capture.driver import run_capture
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_same_capture(run_dir, options)
+    path = run_dir / "capture.nc"
+    if not path.exists():
+        run_capture(options, path, progress=progress, loaded=loaded)
+    manifest = read_manifest(run_dir) or {}
+    if "capture" not in manifest:
+        attrs = open_dataset(path).attrs
+        manifest.update(capture=options.to_dict(), analysis=analysis.to_dict(), commit=attrs.get("commit"),
+                        status=manifest.get("status", "captured"))
+        write_manifest(run_dir, manifest)
+    return path
+
+
+def load_or_capture(run_dir, options: CaptureOptions | None = None) -> xr.Dataset:
+    """Open ``RUN/capture.nc``, or capture it first; ``options`` default to the run's recorded settings.
+
+    Other settings than the existing capture's are an error, never mixed.
+    """
+    from qkplast.capture.models import quiet_transformers
+
+    run_dir = Path(run_dir)
+    options = options or run_settings(run_dir)[0]
+    with quiet_transformers():
+        path = ensure_capture(run_dir, options, AnalysisOptions(seed=options.seed))
+    cap = open_capture(path)
+    diff = capture_differences(cap.attrs, options)
+    if diff:
+        raise RunError(f"{path} was captured with other parameters ({'; '.join(diff)}); "
+                       "use another run directory or delete it")
+    return cap
+
+
+def checkpoint_slug(checkpoint: str) -> str:
+    """The directory name of a checkpoint ``owner/name@revision`` (or a local path): ``owner__name--revision``."""
+    return checkpoint.replace("/", "__").replace("@", "--")
+
+
+def checkpoint_dir(run_dir, checkpoint: str) -> Path:
+    """``RUN/checkpoints/<slug>``: the run directory of one checkpoint a notebook reads."""
+    return Path(run_dir) / CHECKPOINTS_DIR / checkpoint_slug(checkpoint)
+
+
+def checkpoint_options(options: CaptureOptions, checkpoint: str) -> CaptureOptions:
+    """``options`` with the model replaced by ``checkpoint`` (``owner/name@revision`` or a local directory)."""
+    return replace(options, model=checkpoint, revision=None)
+
+
+def checkpoint_metrics(checkpoints: list[str], run_dir, options: CaptureOptions) -> dict[str, xr.Dataset]:
+    """Capture and analyse each checkpoint with ``options`` (model replaced) in its own run directory.
+
+    Returns ``{checkpoint: metrics}`` in the given order; captures and metrics are reused on a second call.
+    """
+    out = {}
+    for ckpt in checkpoints:
+        directory = checkpoint_dir(run_dir, ckpt)
+        cap = load_or_capture(directory, checkpoint_options(options, ckpt))
+        out[ckpt] = load_or_analyze(directory, cap, AnalysisOptions(seed=options.seed))[0]
+    return out
+
+
+# --------------------------------------------------------------------------- computed products
+
+
+def _key_text(key: dict) -> str:
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def _stored_key(path: Path) -> str | None:
+    return open_dataset(path).attrs.get("cache_key")
+
+
+def _same_but_schema(stored: str | None, key: dict) -> bool:
+    """Whether a stored key is the same setting made by older code (or by code before cache keys existed)."""
+    if stored is None:
+        return True
+    try:
+        old = json.loads(stored)
+    except json.JSONDecodeError:
+        return True
+    return {k: v for k, v in old.items() if k != "schema"} == json.loads(_key_text(
+        {k: v for k, v in key.items() if k != "schema"}))
+
+
+def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
+    """A product of the run directory: reused when it was made with ``key``, else ``compute()`` saved.
+
+    The first setting of a product takes ``RUN/STEM.nc``; another setting ``RUN/STEM-<hash of key>.nc``
+    and never overwrites it. ``key`` should hold a ``schema`` entry, the version of the output of the code
+    that computes the product: a file made with the same setting by older code (another schema, or no
+    key at all) is recomputed in place, never reused stale.
+
+    Parameters
+    ----------
+    run_dir : path
+        The run directory (created if missing).
+    stem : str
+        File stem (``metrics``, ``bootstrap``, ``interventions``, ...).
+    key : dict
+        Everything the product depends on, JSON-serialisable (written into the file's ``cache_key`` attr).
+    compute : callable
+        Makes the product (an :class:`xarray.Dataset`) when no file matches.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = _key_text(key)
+    main = run_dir / f"{stem}.nc"
+    other = run_dir / f"{stem}-{hashlib.sha1(text.encode()).hexdigest()[:10]}.nc"
+    for path in (main, other):
+        if path.exists() and _stored_key(path) == text:
+            return open_dataset(path)
+    target = main if not main.exists() or _same_but_schema(_stored_key(main), key) else other
+    ds = compute()
+    ds.attrs["cache_key"] = text
+    save_dataset(ds, target, overwrite=True)
+    return ds
+
+
+def _analysis_key(options: AnalysisOptions) -> dict:
+    from qkplast.analysis.metrics import SCHEMA_VERSION
+
+    return {"schema": SCHEMA_VERSION, "options": options.result_key()}
+
+
+def load_or_analyze(run_dir, capture: xr.Dataset, options: AnalysisOptions | None = None
+                    ) -> tuple[xr.Dataset, list[str]]:
+    """The run's metrics for ``options`` (the thesis defaults when None): reused, else analysed and saved.
+
+    Returns the metrics and the analysis warnings as text (the notebooks print them, so they appear in
+    the output without machine-specific file paths).
+    """
+    from qkplast.analysis.metrics import analyze
+
+    options = options or AnalysisOptions()
+
+    def compute():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            metrics = analyze(capture, options)
+        metrics.attrs["warnings"] = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        return metrics
+
+    metrics = cached(run_dir, "metrics", _analysis_key(options), compute)
+    return metrics, list(metrics.attrs.get("warnings", []))
+
+
+def load_or_bootstrap(run_dir, capture: xr.Dataset, options: AnalysisOptions | None = None,
+                      n_boot: int = 1000) -> xr.Dataset:
+    """The run's document bootstrap (``n_boot`` replicates, seeded by ``options.seed``): reused, else made and saved."""
+    from qkplast.stats.bootstrap import SCHEMA_VERSION, bootstrap
+    from qkplast.stats.reweight import supports
+
+    options = options or AnalysisOptions()
+    analysis = _analysis_key(options)
+    key = {"schema": [analysis["schema"], SCHEMA_VERSION], "options": analysis["options"], "n_boot": n_boot,
+           "computation": "reweight" if supports(options) else "exact"}
+    return cached(run_dir, "bootstrap", key,
+                  lambda: bootstrap(capture, n_boot=n_boot, seed=options.seed, options=options))
+
+
+def open_metrics(run_dir) -> xr.Dataset:
+    """``RUN/metrics.nc`` for a reader of finished runs (cross-run tables), refused when older code made it."""
+    from qkplast.analysis.metrics import SCHEMA_VERSION
+
+    path = Path(run_dir) / "metrics.nc"
+    if not path.exists():
+        raise RunError(f"{run_dir} has no metrics.nc; analyse it first (qkplast run --out {run_dir} --stage analyze)")
+    metrics = open_dataset(path)
+    schema = metrics.attrs.get("schema_version")  # written by analyze()
+    if schema != SCHEMA_VERSION:
+        raise RunError(f"{path} was made by an older qkplast (metrics schema {schema}, now {SCHEMA_VERSION}); "
+                       f"rerun `qkplast run --out {run_dir} --stage analyze` to recompute it")
+    return metrics
+
+
+# --------------------------------------------------------------------------- what notebooks call
+
+
+@dataclass
+class Run:
+    """What a notebook needs from a run directory (see :func:`load_run`).
+
+    Attributes
+    ----------
+    dir : Path
+    options : CaptureOptions
+        The settings the capture was made with.
+    analysis : AnalysisOptions
+    capture, metrics : xarray.Dataset
+    notes : list of str
+        Warnings of the analysis, as text.
+    """
+
+    dir: Path
+    options: CaptureOptions
+    analysis: AnalysisOptions
+    capture: xr.Dataset
+    metrics: xr.Dataset
+    notes: list[str]
+
+    def bootstrap(self, n_boot: int = 40) -> xr.Dataset:
+        """Bootstrap over documents with the run's analysis options (cached in the run directory)."""
+        return load_or_bootstrap(self.dir, self.capture, self.analysis, n_boot)
+
+    @property
+    def analysis_overrides(self) -> dict:
+        """The analysis options that differ from the defaults, without ``seed`` (for functions taking keywords)."""
+        default = AnalysisOptions().to_dict()
+        return {k: v for k, v in self.analysis.to_dict().items() if k != "seed" and v != default[k]}
+
+    def on_corpus(self, corpus: str, subdir: str = CODE_DIR) -> "Run":
+        """The same capture and analysis settings on another corpus, in ``RUN/<subdir>`` (notebook 09's code)."""
+        return _open_run(self.dir / subdir, replace(self.options, corpus=corpus), self.analysis)
+
+    def header(self) -> str:
+        """One line naming what the run holds: heads, model, windows, tokens and corpus."""
+        attrs = self.capture.attrs
+        return (f"{self.metrics.sizes['head']} heads of {attrs['model']}, {attrs['n_docs']} windows of "
+                f"{attrs['seq_len']} tokens of {attrs['corpus']}")
+
+
+def _open_run(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions) -> Run:
+    from qkplast.capture.models import quiet_transformers
+
+    with quiet_transformers():
+        path = ensure_capture(run_dir, options, analysis)
+    capture = open_capture(path)
+    metrics, notes = load_or_analyze(run_dir, capture, analysis)
+    return Run(Path(run_dir), options, analysis, capture, metrics, notes)
+
+
+def load_run(run_dir, namespace: dict | None = None, **overrides) -> Run:
+    """The capture, metrics and options of a run directory, for a notebook.
+
+    Settings come from ``RUN/manifest.json`` (written by ``qkplast run``), or the
+    :class:`CaptureOptions` / :class:`AnalysisOptions` defaults when the run is
+    new, in which case the capture is made here (the model loads inside this
+    process) and a manifest records its settings for the next notebook.
+    Overrides come from ``namespace`` (a notebook passes ``globals()``, so
+    papermill ``-p seq_len 1024`` takes effect) and keyword arguments; a capture
+    setting that differs from the existing capture is an error, never mixed.
+    Metrics are cached per analysis options (see :func:`load_or_analyze`).
+    """
+    capture, analysis = run_settings(run_dir, namespace, **overrides)
+    return _open_run(Path(run_dir), capture, analysis)
