@@ -49,13 +49,12 @@ import pandas as pd
 
 import qkplast
 import qkplast.results.figures as qp
-from qkplast.rundir import load_run
+from qkplast.rundir import chapter_run
 
-run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
-capture, metrics, notes = run.capture, run.metrics, run.notes
+run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
+capture, metrics = run.capture, run.metrics
 seq_len, bucket_size, samples_per_bucket = run.options.seq_len, run.options.bucket_size, run.options.samples_per_bucket
-print(f"{capture.sizes['head']} heads x {capture.sizes['sample']} sampled positions x {capture.sizes['dim']} dims "
-      f"from {capture.attrs['n_docs']} windows of {capture.attrs['seq_len']} tokens")
+print(f"{capture.sizes['head']} heads x {capture.sizes['sample']} sampled positions x {capture.sizes['dim']} dims")
 print(f"model {capture.attrs['model']} ({capture.attrs['model_family']}), {capture.attrs['dtype']}, "
       f"corpus {capture.attrs['corpus']}")
 

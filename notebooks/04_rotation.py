@@ -120,11 +120,10 @@ import pandas as pd
 
 import qkplast.results.figures as qp
 from qkplast.results import tables as results
-from qkplast.rundir import load_or_analyze, load_run
+from qkplast.rundir import chapter_run
 
-run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
-capture, metrics, notes = run.capture, run.metrics, run.notes
-print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}")
+run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
+capture, metrics = run.capture, run.metrics
 
 # %% [markdown]
 # ## All linear position covariance lies on $a$

@@ -169,15 +169,12 @@ from scipy.stats import norm
 import qkplast
 import qkplast.results.figures as qp
 from qkplast.results import tables as results
-from qkplast.rundir import load_or_analyze, load_run
+from qkplast.rundir import chapter_run
 from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plasticity, sample_key_pairs
 
-run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
-capture, metrics, notes = run.capture, run.metrics, run.notes
+run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
+capture, metrics = run.capture, run.metrics
 seed, analysis = run.analysis.seed, {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
-print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}")
-for note in notes:
-    print("note:", note)
 
 # %% [markdown]
 # ## One pair by hand

@@ -77,11 +77,11 @@ from scipy.stats import norm
 import qkplast
 import qkplast.results.figures as qp
 from qkplast.theory import checks as theory
-from qkplast.rundir import load_or_analyze, load_run
+from qkplast.rundir import chapter_run
 from qkplast.analysis.plasticity import pair_statistics, sample_key_pairs
 
-run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
-capture, metrics, notes = run.capture, run.metrics, run.notes
+run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
+capture, metrics = run.capture, run.metrics
 seed, analysis = run.analysis.seed, run.analysis_overrides
 stats = pair_statistics(capture, seed=seed, **analysis)  # every pair's terms of the closed form, every head
 print(f"{stats.sizes['head']} heads x {stats.sizes['query_bucket']} query buckets x {stats.sizes['pair']} pairs")

@@ -47,11 +47,11 @@ from qkplast.results import tables as results
 from qkplast.stats import nulls, verdict
 from qkplast.theory import checks as theory
 from qkplast.options import AnalysisOptions
-from qkplast.rundir import load_or_analyze, load_or_bootstrap, load_run
+from qkplast.rundir import chapter_run, load_or_analyze, load_or_bootstrap
 from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plasticity
 from transformers import MllamaTextConfig  # after qkplast, which silences tqdm's ipywidgets warning
 
-run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
+run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
 capture = run.capture
 seed, bucket_size = run.analysis.seed, run.options.bucket_size
 metrics, notes = load_or_analyze(run_dir, capture, AnalysisOptions(seed=seed))  # the thesis's defaults, whatever the run chose

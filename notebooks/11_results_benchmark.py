@@ -37,13 +37,11 @@ import pandas as pd
 import qkplast.results.figures as qp
 from qkplast.results import reference
 from qkplast.results import tables as results
-from qkplast.rundir import load_run
+from qkplast.rundir import chapter_run
 
-run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
-capture, metrics, notes = run.capture, run.metrics, run.notes
+run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
+capture, metrics = run.capture, run.metrics
 model, seq_len = run.options.model, run.options.seq_len
-print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}, {capture.attrs['n_docs']} windows of "
-      f"{capture.attrs['seq_len']} tokens of {capture.attrs['corpus']}")
 
 # %% [markdown]
 # ## Correlations over the 7 matched models

@@ -86,12 +86,12 @@ import pandas as pd
 
 import qkplast.experiments.grid as qx
 from qkplast.capture.models import load_for
-from qkplast.rundir import load_run
+from qkplast.rundir import chapter_run
 from qkplast import CaptureOptions
 from qkplast.capture.corpus import count_windows, open_corpus
 
-run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
-capture, metrics, notes = run.capture, run.metrics, run.notes
+run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
+capture, metrics = run.capture, run.metrics
 opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
 analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
 model, corpus, docs, heads, device, dtype = opt.model, opt.corpus, opt.docs, opt.heads, opt.device, opt.dtype

@@ -53,18 +53,17 @@ import numpy as np
 import pandas as pd
 
 import qkplast.results.open_figures as op
-from qkplast.rundir import load_run
+from qkplast.rundir import chapter_run
 from qkplast.experiments.conditions import bootstrap_parts, capture_conditions, condition_table, read_conditions
 from qkplast.analysis.gqa import gqa_similarity, gqa_testable
 from qkplast.analysis.listwise import listwise_summary, pairwise_predicts_listwise
 
 started, started_cpu = time.perf_counter(), time.process_time()
-run = load_run(run_dir, globals())  # settings from the run's manifest (defaults for a new run); papermill -p overrides
-capture, metrics, notes = run.capture, run.metrics, run.notes
+run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
+capture, metrics = run.capture, run.metrics
 opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
 analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
 docs, heads = opt.docs, opt.heads
-print(f"{metrics.sizes['head']} heads of {capture.attrs['model']}, {capture.attrs['n_docs']} windows of {capture.attrs['seq_len']} tokens")
 
 # %% [markdown]
 # ## 1. Pairwise and listwise plasticity

@@ -49,7 +49,7 @@ from qkplast.analysis.linalg import householder_apply, householder_vector
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.plasticity import (KeyPairs, QueryModel, bucket_layout, closed_form_kernel, edge_masks, query_model,
                                         sample_key_pairs)
-from qkplast.analysis.sample_moments import slope
+from qkplast.analysis.moments import slope
 
 #: counterfactual (P, C) switches, in the order of the ``variant`` axis
 VARIANTS = ((1, 1), (1, 0), (0, 1), (0, 0))

@@ -106,3 +106,15 @@ def cloud_moments(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor, *, scatter:
         cross_q=matmul(tc, qc), cross_k=matmul(tc, kc),  # [head, dim]
         scatter_q=scatter_of(qc), scatter_k=scatter_of(kc), t_centred=tc, stt=tc @ tc,
     )
+
+
+def slope(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Least-squares slope of each column of ``x`` ``[..., sample, dim]`` regressed on positions ``t``: Cov(x, t) / Var(t).
+
+    ``t`` is ``[..., sample]`` or ``[sample]``; the result is ``[..., dim]``. A zero-variance ``t`` gives NaN
+    or Inf, never a silent zero.
+    """
+    t = t.expand(x.shape[:-1])
+    xc = x - x.mean(-2, keepdim=True)  # [..., sample, dim]
+    tc = t - t.mean(-1, keepdim=True)  # [..., sample]
+    return torch.einsum("...sd,...s->...d", xc, tc) / (tc * tc).sum(-1, keepdim=True)

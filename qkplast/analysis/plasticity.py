@@ -43,7 +43,7 @@ from qkplast.analysis.linalg import householder_apply, householder_vector
 from qkplast.analysis.moments import CloudMoments, cloud_moments
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.signs import bucket_rows, float64_sign_sums, sign_sums
-from qkplast.analysis.sample_moments import slope
+from qkplast.analysis.moments import slope
 
 
 _SQRT1_2 = 1 / math.sqrt(2)

@@ -28,13 +28,6 @@ import xarray as xr
 from qkplast._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy
 from qkplast.analysis.moments import CloudMoments, cloud_moments
 
-SCALARS = (
-    "alpha_q", "alpha_k", "mu_q_a", "bias_strength", "r_q_a", "r_k_a", "separation_strength",
-    "plane_variance_fraction", "position_cov_a", "orthogonal_position_cov", "key_position_slope",
-    "key_position_ratio",
-)
-
-
 def _unit(v: torch.Tensor) -> torch.Tensor:
     n = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
     return torch.where(n > 0, v / torch.where(n > 0, n, torch.ones_like(n)), torch.full_like(v, float("nan")))

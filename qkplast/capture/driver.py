@@ -37,7 +37,8 @@ from qkplast.capture.hooks import text_decoder
 from qkplast.io import CaptureError, save_capture
 from qkplast.capture.architecture import SUPPORTED_FAMILIES, LayerInfo, ModelLayout, inspect_model
 from qkplast.options import CaptureOptions
-from qkplast.capture.resume import PartStore, check_output, versions
+from qkplast._version import package_versions
+from qkplast.capture.resume import PartStore, check_output
 from qkplast.capture.recorder import Capturer
 from qkplast.capture.sampling import HeadPlan, sample_heads, sample_positions
 
@@ -207,7 +208,7 @@ def _manifest(options: CaptureOptions, info: dict, corpus) -> dict:
     """What must match for a rerun to reuse parts: everything that can change what is captured."""
     model = {k: v for k, v in info.items() if k != "device"}
     return {"options": options.result_key(), "model": model, "corpus_details": _corpus_details(corpus),
-            "versions": versions()}
+            "versions": package_versions()}
 
 
 def _capture_window(capturer: Capturer, window, options: CaptureOptions, progress: bool) -> xr.Dataset:
@@ -307,7 +308,7 @@ def _capture_attrs(options: CaptureOptions, info: dict, capturer: Capturer, corp
         "attn_implementation": f"{capturer.attn_name} (delegating to {capturer.attn})",
         "rope_parameters": getattr(text_config, "rope_parameters", None),
         "max_position_embeddings": int(text_config.max_position_embeddings),
-        **versions(),
+        **package_versions(),
     }
 
 

@@ -26,7 +26,7 @@ import xarray as xr
 
 from qkplast.io import CaptureError, open_dataset, save_dataset
 
-__all__ = ["PartStore", "check_output", "versions"]
+__all__ = ["PartStore", "check_output"]
 
 _MANIFEST = "manifest.json"
 _PART = "doc-{:06d}.nc"
@@ -47,17 +47,6 @@ def check_output(out: Path, overwrite: bool) -> None:
         os.unlink(probe)
     except OSError as exc:
         raise PermissionError(f"output directory {out.parent} is not writable ({exc.strerror})") from exc
-
-
-def versions() -> dict:
-    """Versions of qkplast, transformers and torch, as plain strings."""
-    import torch
-    import transformers
-
-    from qkplast._version import __version__
-
-    # str(): torch.__version__ is a str subclass that netCDF attribute writers reject.
-    return {"qkplast": str(__version__), "transformers": str(transformers.__version__), "torch": str(torch.__version__)}
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:

@@ -54,7 +54,6 @@ from qkplast.capture.hooks import attention_transform, text_decoder
 __all__ = [
     "InterventionError",
     "HeadLayout",
-    "head_layout",
     "ablate_heads",
     "head_mean_outputs",
     "clamp_bias",
@@ -122,11 +121,6 @@ class HeadLayout:
                     "fix the head list")
             out.add((layer, q_head))
         return sorted(out)
-
-
-def head_layout(model) -> HeadLayout:
-    """The :class:`HeadLayout` of ``model``."""
-    return HeadLayout(model)
 
 
 def heads_by_layer(heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:

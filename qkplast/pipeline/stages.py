@@ -17,9 +17,9 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from importlib import metadata
 from pathlib import Path
 
+from qkplast._version import package_versions
 from qkplast.io import open_capture, open_dataset
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.pipeline.params import declared_parameters, notebook_paths
@@ -40,16 +40,6 @@ SLOW_FIRST = ("12_interventions", "13_open_questions", "07_corrections")
 class RunResult:
     run_dir: Path
     manifest: dict
-
-
-def _versions() -> dict:
-    out = {"python": platform.python_version()}
-    for pkg in ("qkplast", "torch", "transformers", "numpy", "scipy", "xarray", "papermill"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
 
 
 def _default_out(capture: CaptureOptions) -> Path:
@@ -267,7 +257,9 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
     out, capture, analysis, previous = _open(out, capture, analysis, overwrite)
     parameters = dict(parameters or {})
     manifest = {"capture": capture.to_dict(), "analysis": analysis.to_dict(), "parameters": parameters,
-                "versions": _versions(), "command": sys.argv, "commit": previous.get("commit"),
+                "versions": {"python": platform.python_version(),
+                             **package_versions(("qkplast", "torch", "transformers", "numpy", "scipy", "xarray",
+                                                 "papermill"))}, "command": sys.argv, "commit": previous.get("commit"),
                 "timings_s": dict(previous.get("timings_s", {})), "notebooks": list(previous.get("notebooks", [])),
                 "stage": stage, "status": "running"}
     if capture.device.startswith("cuda"):

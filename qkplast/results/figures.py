@@ -196,19 +196,6 @@ def lemma_a2_pairs(stats: xr.Dataset, head: int = 0, n_pairs: int = 6, t_max: fl
     return fig
 
 
-def compare_profiles(profiles: xr.DataArray):
-    """Mean plasticity profile of several runs over the context fraction (from :func:`qkplast.pipeline.batch.context_profiles`)."""
-    fig, (ax,) = _fig()
-    x = np.arange(profiles.sizes["context_bin"])
-    for run in profiles.run.values:
-        ax.plot(x, profiles.sel(run=run), "o-", label=str(run))
-    ax.set_xticks(x, [f"{20 * i}-{20 * (i + 1)}%" for i in x] if len(x) == 5 else [str(i) for i in x])
-    ax.set(xlabel="query position (share of the context window)", ylabel="mean attention plasticity",
-           title="plasticity profiles across runs")
-    ax.legend()
-    return fig
-
-
 def quintile_profiles(table):
     """Quintile profiles of :func:`qkplast.results.tables.quintile_table`: thesis models thin, this project's runs bold."""
     fig, (ax,) = _fig(width=7.0, height=4.4)

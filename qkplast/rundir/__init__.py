@@ -6,10 +6,10 @@ calls; :func:`cached` is the one cache every product goes through); :mod:`~qkpla
 parses a study file into run specs without submitting anything.
 """
 
-from qkplast.rundir.directory import (STAGES, Run, RunError, cached, checkpoint_dir, checkpoint_metrics, load_or_analyze,
+from qkplast.rundir.directory import (STAGES, Run, RunError, cached, chapter_run, checkpoint_dir, checkpoint_metrics, load_or_analyze,
                                       load_or_bootstrap, load_or_capture, load_run, open_metrics, run_settings)
 from qkplast.rundir.study_file import RunSpec, Study, StudyError, load_study, parse_study
 
-__all__ = ["STAGES", "Run", "RunError", "RunSpec", "Study", "StudyError", "cached", "checkpoint_dir",
+__all__ = ["STAGES", "Run", "RunError", "RunSpec", "Study", "StudyError", "cached", "chapter_run", "checkpoint_dir",
            "checkpoint_metrics", "load_or_analyze", "load_or_bootstrap", "load_or_capture", "load_run", "load_study",
            "open_metrics", "parse_study", "run_settings"]

@@ -36,6 +36,7 @@ from qkplast.io import open_capture, open_dataset, save_dataset
 from qkplast.options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, typed_option
 
 __all__ = ["CHECKPOINTS_DIR", "CODE_DIR", "MANIFEST", "STAGES", "Run", "RunError", "cached", "capture_differences",
+           "chapter_run",
            "check_same_capture", "checkpoint_dir", "checkpoint_metrics", "checkpoint_slug", "ensure_capture",
            "load_or_analyze", "load_or_bootstrap", "load_or_capture", "load_run", "open_metrics", "read_manifest",
            "run_settings", "write_manifest"]
@@ -386,6 +387,19 @@ def _open_run(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions)
     capture = open_capture(path)
     metrics, notes = load_or_analyze(run_dir, capture, analysis)
     return Run(Path(run_dir), options, analysis, capture, metrics, notes)
+
+
+def chapter_run(run_dir, namespace: dict | None = None, **overrides) -> Run:
+    """A notebook's opening call: :func:`load_run`, then one line saying what the run holds and its notes.
+
+    Every chapter that reads the run starts with it, so the settings come from the same place (the run's
+    manifest, the notebook's parameters in ``namespace``) and the page says what it shows.
+    """
+    run = load_run(run_dir, namespace, **overrides)
+    print(run.header())
+    for note in run.notes:
+        print("note:", note)
+    return run
 
 
 def load_run(run_dir, namespace: dict | None = None, **overrides) -> Run:

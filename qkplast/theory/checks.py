@@ -162,7 +162,6 @@ def sharp_inequality(constant: float = 4.0, step: float = 1e-5) -> dict:
             "argmax": float(z[i]), "n_grid": int(z.size)}
 
 
-
 def lemma_a2_constants(gamma: np.ndarray, z0: np.ndarray, route: str = "sharp"):
     """Explicit ``(C0, T0)`` of Lemma A.2 for slope ``gamma`` and intercept ``z0`` of ``z(t)``.
 
@@ -441,7 +440,7 @@ def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
     from qkplast.analysis.linalg import householder_apply, householder_vector
     from qkplast.options import AnalysisOptions
     from qkplast.analysis.plasticity import plasticity_layout, query_model
-    from qkplast.analysis.sample_moments import slope
+    from qkplast.analysis.moments import slope
 
     opt = AnalysisOptions.from_kwargs(None, **options)
     dev = resolve_device(opt.device)
@@ -461,28 +460,6 @@ def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
     v = v[:, has_queries]
     spread = (v.amax(1) / v.amin(1)).median(-1).values.cpu().numpy()
     return pd.DataFrame({"layer": sub.layer.values, "q_head": sub.q_head.values, "median_max_over_min_v": spread})
-
-
-def key_position_preference(capture, metrics) -> pd.DataFrame:
-    """Which key positions does a positive bias_strength favour?
-
-    Per head: the least-squares slope, over key position, of the mean query's
-    score with each captured key, ``mean_q(q)^T k``, and the same restricted to
-    the drift axis. Eq. 4.6's reading is that the axis-a slope equals
-    ``bias_strength``; the full-score slope shows what the whole score does.
-    """
-    t = capture.position.values.astype(float)
-    q_mean = capture.q.values.mean(1)  # [head, dim]
-    score = np.einsum("hd,hsd->hs", q_mean, capture.k.values)  # [head, sample]
-    a = metrics.axis_a.values
-    score_a = (q_mean * a).sum(-1)[:, None] * np.einsum("hd,hsd->hs", a, capture.k.values)
-    tc = t - t.mean()
-    slope_fn = lambda y: ((y - y.mean(1, keepdims=True)) * tc).sum(1) / (tc * tc).sum()  # noqa: E731
-    return pd.DataFrame({
-        "layer": capture.layer.values, "q_head": capture.q_head.values,
-        "bias_strength": metrics.bias_strength.values, "slope_score_axis_a": slope_fn(score_a),
-        "slope_score_full": slope_fn(score),
-    })
 
 
 def key_slope_sign_null(capture, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -42,29 +41,18 @@ class Rotary:
 def model_config(model, revision: str | None = None, rope_scaling: str | dict | None = None):
     """The full config and the text config of ``model`` as a capture would load them.
 
-    ``model`` is the embedded alias, a local directory, a hub id (``owner/name@revision`` too) or a config
-    object; ``rope_scaling`` (``TYPE:FACTOR[:ORIGINAL]``) is applied as the capture applies it.
+    ``model`` is the embedded alias, a local directory, a hub id (``owner/name@revision`` too), resolved by
+    :func:`qkplast.capture.models.load_config`, or a config object; ``rope_scaling`` (``TYPE:FACTOR[:ORIGINAL]``)
+    is applied as the capture applies it.
     """
-    import os
-
-    from transformers import AutoConfig
-
-    from qkplast.capture.models import DEFAULT_MODEL, apply_rope_scaling, parse_rope_scaling, prepare_default_model
+    from qkplast.capture.models import apply_rope_scaling, load_config, parse_rope_scaling
 
     if isinstance(model, str):
-        name, _, rev = model.partition("@")
-        revision = revision or rev or None
-        source = str(prepare_default_model()) if name == DEFAULT_MODEL else name
-        offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes")
-                      for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-        local = Path(source).exists() or name == DEFAULT_MODEL
-        config = AutoConfig.from_pretrained(source, revision=None if local else revision,
-                                            local_files_only=local or offline)
+        config, _ = load_config(model, revision=revision, rope_scaling=rope_scaling)
     else:
-        config = model
-    scaling = parse_rope_scaling(rope_scaling)
-    if scaling is not None:
-        apply_rope_scaling(config, scaling)
+        config, scaling = model, parse_rope_scaling(rope_scaling)
+        if scaling is not None:
+            apply_rope_scaling(config, scaling)
     return config, config.get_text_config()
 
 
