@@ -161,6 +161,7 @@ example_head = 0  # position along `head` of the head whose first pair is comput
 
 # %%
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -174,7 +175,7 @@ from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plas
 
 run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
 capture, metrics = run.capture, run.metrics
-seed, analysis = run.analysis.seed, {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
+seed, analysis = run.analysis.seed, run.analysis  # the run's AnalysisOptions, passed whole
 
 # %% [markdown]
 # ## One pair by hand
@@ -302,7 +303,7 @@ edges
 # %%
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 again: the note at the top says so
-    prefix = plasticity(capture, seed=seed, **{**analysis, "pair_weight": "prefix"})
+    prefix = plasticity(capture, replace(analysis, pair_weight="prefix"))
 names = ["ap_overall", "ap_first20", "ap_last20", "ap_drop"]
 weighting = pd.DataFrame({"uniform (estimator, 4.4.5)": [float(metrics[n].mean()) for n in names],
                           "prefix (Definition 4.3)": [float(prefix[n].mean()) for n in names]}, index=names)
@@ -315,6 +316,6 @@ weighting.round(4)
 # %%
 from qkplast.analysis.pooling import pooling_table
 
-pooling, reading = pooling_table(capture, names, seed=seed, **{k: v for k, v in analysis.items() if k != "semantic_stats"})
+pooling, reading = pooling_table(capture, names, replace(analysis, semantic_stats="per_bucket"))
 print(reading)
 pooling.round(4)
