@@ -25,7 +25,7 @@
 # **How empirical items are judged.** Every empirical claim is set against a stated null: a permutation of
 # the data that keeps everything except the structure the claim is about, so that what the null produces is
 # what sampling noise alone produces. The word after each claim is *computed*
-# (`qkplast.stats.verdict.null_verdict`): "confirmed" only when the observed statistic lies beyond the null
+# (`qkplast.stats.decision.null_verdict`): "confirmed" only when the observed statistic lies beyond the null
 # (permutation p-value below 0.05), otherwise "not distinguishable from the null". Mathematical items (a
 # proof step, an identity, a statement that contradicts its own proof) need no null and are marked as such.
 # The comparisons use the thesis's default options, whatever `analysis` a batch passes.
@@ -44,7 +44,7 @@ import pandas as pd
 
 from qkplast.results import reference
 from qkplast.results import tables as results
-from qkplast.stats import nulls, verdict
+from qkplast.stats import decision, nulls
 from qkplast.theory import checks as theory
 from qkplast.options import AnalysisOptions
 from qkplast.rundir import chapter_run, load_or_analyze, load_or_bootstrap
@@ -181,7 +181,7 @@ print(f"bound start T in window lengths: median {start['median']:,.0f} (two sign
 
 # %%
 sign = theory.key_slope_sign_null(capture, n_perm=n_null, seed=seed)
-v = verdict.null_verdict(sign["observed"], sign["null"], null_name="position permutation")
+v = decision.null_verdict(sign["observed"], sign["null"], null_name="position permutation")
 verdicts["5. full slope has the sign of bias_strength"] = v["word"]
 print(f"heads whose key_position_slope has the sign of bias_strength: {v['text']}")
 

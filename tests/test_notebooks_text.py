@@ -28,8 +28,8 @@ def test_corrections_page_computes_its_verdicts():
     page = text("07_corrections")
     # "confirmed" appears in prose only as the name of a computed word, never as a bold hand-written verdict
     assert "**Confirmed" not in page
-    # every verdict is computed against its null: nulls.describe wraps verdict.null_verdict
-    assert page.count("verdict.null_verdict(") + page.count("nulls.describe(") >= 4 and "verdicts[" in page
+    # every verdict is computed against its null: nulls.describe wraps decision.null_verdict
+    assert page.count("decision.null_verdict(") + page.count("nulls.describe(") >= 4 and "verdicts[" in page
 
 
 def test_theorem_is_stated_for_a_fixed_pair_set_and_the_population_rate_is_shown():

@@ -150,7 +150,7 @@ def test_qwen3_at_131072_tokens_with_yarn_from_a_hub_revision(hub, hub_cache, tm
     # would need 131072^2 x 4 B = 64 GiB for one head's score matrix).
     planned_mb = plan.activations_gb * 1024
     assert memory["above_start_mb"] < 1.5 * planned_mb + 300, (memory, planned_mb)
-    loaded = load_model(options.model, rope_scaling=options.rope_scaling)
+    loaded = load_model(options.model, revision=options.revision, rope_scaling=options.rope_scaling)
     window = next(iter_windows(open_corpus(str(corpus)), loaded.tokenizer, 131072, short_docs="skip"))
     np.testing.assert_array_equal(ds["token"].values, window.input_ids[ds["position"].values])
     assert _layer0_late_logits(ds, loaded, window, span=8192) > 20
@@ -170,7 +170,7 @@ def test_architectures_from_hub_revisions_beyond_the_kernel_limit(arch, hub, hub
         assert ds["rope"].values.tolist() == [True, True, False, False]  # layer 1 is a NoPE layer
     if arch == "mllama":
         assert ds.attrs["eligible_layers"] == [0, 2] and 1 not in ds["layer"].values  # 1 is cross-attention
-    loaded = load_model(options.model)
+    loaded = load_model(options.model, revision=options.revision)
     window = next(iter_windows(open_corpus(str(corpus)), loaded.tokenizer, 32768, short_docs="skip"))
     assert _layer0_late_logits(ds, loaded, window, span=4096) > 5
 

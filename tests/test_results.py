@@ -12,7 +12,7 @@ from qkplast.results import tables as results
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.options import CaptureOptions
 from qkplast.rundir import checkpoint_metrics
-from qkplast.stats.verdict import null_verdict
+from qkplast.stats.decision import null_verdict
 from qkplast.theory.planted import planted_capture
 
 

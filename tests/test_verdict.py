@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from qkplast.stats.intervals import t_interval
-from qkplast.stats.verdict import conjunction, holm, verdict
+from qkplast.stats.decision import conjunction, holm, verdict
 
 
 def test_holm_matches_the_step_down_by_hand():

@@ -341,23 +341,17 @@ def run_capture(
         An already loaded model (one load per batch); its ``info`` must name the same model.
     """
     from qkplast.capture import corpus as corpus_module
-    from qkplast.capture.models import load_model, split_revision
+    from qkplast.capture.models import load_for
+    from qkplast.capture.plan import preflight
 
     out = Path(out)
     check_output(out, overwrite)
-    name, revision = split_revision(options.model, options.revision)
-    options = replace(options, model=name, revision=revision)
     documents = corpus_module.open_corpus_for(options)
-    from qkplast.capture.plan import preflight
-
-    if loaded is not None and loaded.info.get("model") != name:
-        raise CaptureError(f"the loaded model is {loaded.info.get('model')!r} but the options name {name!r}")
+    if loaded is not None and loaded.info.get("model") != options.model:
+        raise CaptureError(f"the loaded model is {loaded.info.get('model')!r} but the options name {options.model!r}")
     options = preflight(options, documents, tokenizer=None if loaded is None else loaded.tokenizer)
     if loaded is None:
-        loaded = load_model(
-            name, device=options.device, dtype=options.dtype, rope_scaling=options.rope_scaling, revision=revision,
-            seq_len=options.seq_len,
-        )
+        loaded = load_for(options)
     return capture(
         loaded.model, loaded.tokenizer, documents, out, options, overwrite=overwrite, progress=progress,
         model_info=loaded.info,

@@ -297,19 +297,17 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
     """
     from qkplast.capture.corpus import open_corpus_for
     from qkplast.capture.architecture import layout_from_config
-    from qkplast.capture.models import load_config, load_tokenizer, resolve_dtype, split_revision
+    from qkplast.capture.models import load_config, load_tokenizer, resolve_dtype
     from qkplast.capture.sampling import sample_heads
 
-    name, revision = split_revision(options.model, options.revision)
-    options = replace(options, model=name, revision=revision)
-    config, info = load_config(name, revision=revision, rope_scaling=options.rope_scaling)
+    config, info = load_config(options.model, revision=options.revision, rope_scaling=options.rope_scaling)
     options = _resolve_lengths(options, config)
     device = _planned_device(options.device)
     dtype = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
     layout = layout_from_config(config)
     heads = sample_heads(layout, options.heads, options.seed)
     documents = open_corpus_for(options)
-    windows = _count_windows(documents, load_tokenizer(name, revision=revision), options, strict=False)
+    windows = _count_windows(documents, load_tokenizer(options.model, revision=options.revision), options, strict=False)
     n_params = _parameter_count(config)
     per = _BYTES[dtype]
     n_q = int(config.get_text_config().num_attention_heads)

@@ -171,6 +171,8 @@ def notebook_stage(out: Path, manifest: dict, parameters: dict, paths: list[Path
         futures = {pool.submit(_execute_notebook, path, nb_out / path.name, nb_params, progress and jobs == 1,
                                label(i, path) if progress else None): path for i, path, nb_params in todo}
         for future in as_completed(futures):
+            if future.cancelled():  # not started after an earlier failure
+                continue
             path = futures[future]
             entries[path.name] = entry = future.result()
             if entry["status"] == "ok":

@@ -35,7 +35,7 @@ import xarray as xr
 from qkplast._torch import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.plasticity import plasticity_layout, query_model, rotate
-from qkplast.stats.verdict import null_verdict
+from qkplast.stats.decision import null_verdict
 
 SUMMARIES = ("median", "q05", "q95", "spread")
 
@@ -283,7 +283,7 @@ def summary_line(result: xr.Dataset, label: str) -> str:
 
 
 def describe(result: xr.Dataset, label: str, null_name: str):
-    """The verdict on the spread statistic (:func:`qkplast.stats.verdict.null_verdict`), two lines of text and the table.
+    """The verdict on the spread statistic (:func:`qkplast.stats.decision.null_verdict`), two lines of text and the table.
 
     Returns ``(verdict, text, table)``: ``verdict["word"]`` is "confirmed" only when the observed spread
     beats the null; ``text`` is :func:`summary_line` and the spread statistic's verdict in words.

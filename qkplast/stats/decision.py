@@ -1,4 +1,5 @@
-"""Verdict words computed from the numbers: an observed statistic against its permutation null."""
+"""The decision rule: verdict words computed from the numbers (an estimate, its interval, its adjusted p-value
+or its permutation null), Holm's correction across a chapter's readings, and conjunctions of claims."""
 
 from __future__ import annotations
 
