@@ -517,13 +517,18 @@ def baseline_table(grid: xr.Dataset, n_boot: int = 2000, level: float = 0.95, se
     return pd.DataFrame(out, index=pd.Index(grid.distance.values, name="distance"))
 
 
-def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=None, revision: str | None = None):
-    """Load a model for the interventions with transformers' progress bars silenced (deterministic notebook output)."""
+def load(model: str, *, device: str = "cpu", dtype: str = "auto", rope_scaling=None, revision: str | None = None,
+         tokenizer: str | None = None):
+    """Load a model for the interventions with transformers' progress bars silenced (deterministic notebook output).
+
+    ``tokenizer`` is the run's :attr:`qkplast.options.CaptureOptions.tokenizer` (None: the model's own).
+    """
     from qkplast.pipeline.batch import quiet_transformers
     from qkplast.capture.models import load_model
 
     with quiet_transformers():
-        return load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling, revision=revision)
+        return load_model(model, device=device, dtype=dtype, rope_scaling=rope_scaling, revision=revision,
+                          tokenizer=tokenizer)
 
 
 # --------------------------------------------------------------------------- caching in the run directory

@@ -162,7 +162,7 @@ def _load(options: CaptureOptions):
     from qkplast.capture.models import load_model
 
     return load_model(options.model, device=options.device, dtype=options.dtype, rope_scaling=options.rope_scaling,
-                      revision=options.revision, seq_len=options.seq_len)
+                      revision=options.revision, seq_len=options.seq_len, tokenizer=options.tokenizer)
 
 
 def capture_file(options: CaptureOptions, out, *, overwrite: bool = False, progress: bool = True, loaded=None):
