@@ -175,8 +175,8 @@ def make_hub(cache: Path, archs=ARCHITECTURES, branch: str = BRANCH) -> dict[str
     return {arch: save_to_hub_cache(tiny_model(arch), tokenizer, repo_id(arch), cache, branch) for arch in archs}
 
 
-def long_corpus(path: Path, n_chars: int = 700_000, docs: int = 2) -> Path:
-    """A ``.jsonl`` corpus of ``docs`` documents of natural prose, ``n_chars`` characters each.
+def long_corpus(path: Path, n_chars: int = 700_000, docs: int = 2, text_field: str = "text") -> Path:
+    """A ``.jsonl`` corpus of ``docs`` documents of natural prose, ``n_chars`` characters each (under ``text_field``).
 
     Each document is the pydoc topics, repeated, starting at a different topic, so no two documents share
     their windows. The tiny BPE gives about 3.7 characters per token, so each holds one 131072-token
@@ -189,7 +189,7 @@ def long_corpus(path: Path, n_chars: int = 700_000, docs: int = 2) -> Path:
         for d in range(docs):
             shift = d * len(names) // docs
             text = "\n\n".join(topics[k] for k in names[shift:] + names[:shift])
-            f.write(json.dumps({"id": f"doc{d}", "text": (text * (n_chars // len(text) + 1))[:n_chars]}) + "\n")
+            f.write(json.dumps({"id": f"doc{d}", text_field: (text * (n_chars // len(text) + 1))[:n_chars]}) + "\n")
     return path
 
 

@@ -476,8 +476,13 @@ def _resolve_tokenizer(spec: str, local_files_only: bool) -> tuple[str, dict]:
         _check_cached_revision(name, revision or "main", _TOKENIZER_FILES, what="tokenizer: ")
     from huggingface_hub import try_to_load_from_cache
 
-    commits = (_snapshot_commit(try_to_load_from_cache(name, f, revision=revision)) for f in _TOKENIZER_FILES)
-    info["commit"] = next((c for c in commits if c), None)
+    cached = [p for p in (try_to_load_from_cache(name, f, revision=revision) for f in _TOKENIZER_FILES)
+              if isinstance(p, str)]
+    info["commit"] = _snapshot_commit(cached[0]) if cached else None
+    if local_files_only and cached:
+        # offline, the cached snapshot is read as a directory: a repository downloaded for its tokenizer alone (no
+        # config.json) then loads too, where the hub loader would look for the config it cannot fetch
+        return str(Path(cached[0]).parent), {**info, "load_revision": None}
     return name, info
 
 
@@ -514,7 +519,8 @@ def load_tokenizer_with_info(name: str, *, revision: str | None = None, tokenize
         source, info = _resolve_tokenizer(tokenizer, local_files_only)
         label, hint = f"--tokenizer {tokenizer!r}", ""
     try:
-        loaded = AutoTokenizer.from_pretrained(source, revision=info["revision"], local_files_only=local_files_only)
+        loaded = AutoTokenizer.from_pretrained(source, revision=info.pop("load_revision", info["revision"]),
+                                               local_files_only=local_files_only)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelError(f"cannot load the tokenizer of {label}: {_first_line(exc)}{hint}") from exc
     if tokenizer is None:
