@@ -306,15 +306,15 @@ def _capture_attrs(options: CaptureOptions, info: dict, capturer: Capturer, corp
             "min_per_bucket topped up uniformly without replacement; same positions for q and k"
         ),
         "capture_point": (
-            "query/key as passed to the attention kernel: after projection, q/k norm, rotary embedding and any "
-            "query scale, before grouped-query repetition; rows copied to float32 on the CPU"
+            "query/key as passed to the attention kernel: after projection, q/k norm and rotary embedding, "
+            "before grouped-query repetition; rows copied to float32 on the CPU"
         ),
         "rotary_dims": int(layout.rotary_mask.sum()),
         "query_scale_rule": (
             None if layout.query_scale is None else
             "coordinate query_scale: the factor 1 + beta log(1 + floor(position / original_max_position_embeddings)) "
-            "(rope_parameters llama_4_scaling_beta) that multiplies the queries after RoPE, in the model's dtype; "
-            "the keys carry no factor"
+            "(rope_parameters llama_4_scaling_beta) that multiplies the queries after RoPE, in the model's dtype, "
+            "and that the captured queries include; the keys carry no factor"
         ),
         "attn_implementation": f"{capturer.attn_name} (delegating to {capturer.attn})",
         "rope_parameters": getattr(text_config, "rope_parameters", None),
