@@ -1,11 +1,10 @@
 """The capture families of the public checkpoint series, each against the model's own eager attention.
 
-As for the thesis's families (``tests/test_capture.py``): with
-``attn_implementation="eager"`` every attention module returns its softmax
-probabilities ``P``; for a query row ``i`` and two visible keys ``j, j'``,
-``log P[i, j] - log P[i, j']`` equals the difference of the pre-softmax logits,
-which the captured ``(q_i . k_j - q_i . k_j') * scaling`` must reproduce at every
-pair of sampled positions. No attention is reimplemented for the reference.
+As for the thesis's families (``tests/test_capture.py``), the reference is the
+model's own eager attention (``tests/eager_reference.py``): the captured
+``(q_i . k_j - q_i . k_j') * scaling`` must reproduce the differences of the eager
+log-probabilities at every pair of sampled positions. No attention is
+reimplemented for the reference.
 
 Beyond the logits, each family's peculiarity is checked against the model's
 own intermediate tensors (forward hooks) and its own rotary function:
@@ -34,6 +33,7 @@ import transformers as T
 TESTS = next(p for p in Path(__file__).resolve().parents if (p / "hub_fixtures.py").exists())
 sys.path.insert(0, str(TESTS))
 
+from eager_reference import attention_modules as _attention_modules, compare_with_eager  # noqa: E402
 from hub_fixtures import tiny_model as hub_tiny_model, tiny_tokenizer  # noqa: E402
 from qkplast.capture.corpus import Document, iter_windows  # noqa: E402
 from qkplast.capture.driver import capture, text_decoder  # noqa: E402
@@ -62,52 +62,9 @@ def _capture(model, tokenizer, **kw):
     return validate_capture(capture(model, tokenizer, _documents(), options=options, progress=False))
 
 
-def _attention_modules(model):
-    """Self-attention modules by layer: the modules the capture hook is called from (GPT-NeoX has no q_proj)."""
-    decoder = text_decoder(model)
-    return {m.layer_idx: m for m in decoder.modules()
-            if type(m).__name__.endswith("Attention") and getattr(m, "layer_idx", None) is not None}
-
-
-def _eager_probabilities(model, input_ids):
-    decoder = text_decoder(model)
-    previous = decoder.config._attn_implementation
-    decoder.set_attn_implementation("eager")
-    probs, handles = {}, []
-    for layer, module in _attention_modules(model).items():
-        handles.append(module.register_forward_hook(lambda m, a, out, layer=layer: probs.__setitem__(layer, out[1][0])))
-    try:
-        with torch.inference_mode():
-            decoder(input_ids=torch.as_tensor(input_ids)[None], use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-        decoder.set_attn_implementation(previous)
-    return probs  # layer -> [n_q, seq, seq]
-
-
 def _check_against_eager(model, tokenizer, ds) -> int:
-    """Captured q.k * scaling reproduces the eager logits (up to each row's constant); returns the pairs compared."""
-    modules = _attention_modules(model)
-    checked = 0
-    for window in iter_windows(_documents(), tokenizer, SEQ_LEN):
-        sel = np.flatnonzero(ds["doc"].values == window.doc_id)
-        pos = ds["position"].values[sel]
-        probs = _eager_probabilities(model, window.input_ids)
-        for h in range(ds.sizes["head"]):
-            layer, qh = int(ds["layer"][h]), int(ds["q_head"][h])
-            scaling = modules[layer].scaling
-            assert scaling == pytest.approx(ds.attrs["head_dim"] ** -0.5)
-            q = ds["q"].values[h][sel].astype(np.float64)  # [sample, dim]
-            k = ds["k"].values[h][sel].astype(np.float64)  # [sample, dim]
-            logits = q @ k.T * scaling  # [sample, sample]
-            with np.errstate(divide="ignore"):  # masked keys have probability 0; only visible ones are compared
-                logp = np.log(probs[layer][qh].numpy().astype(np.float64))[np.ix_(pos, pos)]  # [sample, sample]
-            visible = pos[None, :] <= pos[:, None]
-            diag = np.arange(len(pos))
-            np.testing.assert_allclose((logits - logits[diag, diag][:, None])[visible],
-                                       (logp - logp[diag, diag][:, None])[visible], rtol=1e-5, atol=2e-5)
-            checked += int(visible.sum()) - len(pos)
+    """Captured q.k * scaling reproduces the eager logits at every sampled pair (``tests/eager_reference.py``)."""
+    checked = compare_with_eager(model, ds, iter_windows(_documents(), tokenizer, SEQ_LEN))
     assert checked > 100, "too few sampled pairs to make the comparison meaningful"
     return checked
 
