@@ -510,21 +510,20 @@ def load_tokenizer_with_info(name: str, *, revision: str | None = None, tokenize
     local_files_only = _offline() if local_files_only is None else local_files_only
     if tokenizer is None:
         source, model_info = _resolve(name, revision, local_files_only)
-        info = {"tokenizer": None, "revision": model_info["revision"], "commit": None}
+        load_revision = model_info["revision"]
+        info = {"tokenizer": None, "revision": None, "commit": None}  # the model's own: the model's revision, commit
         at = f" at {model_info['revision']!r}" if model_info["revision"] else ""
         label = f"model {model_info['model']!r}{at}"
         hint = ("; if this revision ships no tokenizer (checkpoint branches often do not), name one with "
                 "--tokenizer OWNER/NAME@REVISION (e.g. the base model's)")
     else:
         source, info = _resolve_tokenizer(tokenizer, local_files_only)
+        load_revision = info.pop("load_revision", info["revision"])
         label, hint = f"--tokenizer {tokenizer!r}", ""
     try:
-        loaded = AutoTokenizer.from_pretrained(source, revision=info.pop("load_revision", info["revision"]),
-                                               local_files_only=local_files_only)
+        loaded = AutoTokenizer.from_pretrained(source, revision=load_revision, local_files_only=local_files_only)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelError(f"cannot load the tokenizer of {label}: {_first_line(exc)}{hint}") from exc
-    if tokenizer is None:
-        info["revision"] = None  # the model's own: its revision and commit are the model's
     return loaded, info
 
 
