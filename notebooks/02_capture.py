@@ -73,6 +73,21 @@ pd.DataFrame({"layer": capture.layer.values, "q_head": capture.q_head.values, "k
               "rope": capture.rope.values}).head(12)
 
 # %% [markdown]
+# **Families whose vectors carry something more.** Two families change what "the vector the kernel
+# receives" means, and a capture of them stores it beside the vectors. GPT-NeoX (the Pythia series) turns
+# only the first quarter of each head's dimensions (`rotary_pct = 0.25`); the coordinate `rotary` on `dim`
+# marks them, and the analyses use the whole vector, as $q^\top k$ sums over every dimension
+# (`AnalysisOptions(head_dims="rotary")` or `"non_rotary"` analyses one part). Ministral-3 multiplies its
+# queries after the rotary embedding by a factor that depends on the position only,
+# $s(t) = 1 + \beta \log\left(1 + \lfloor t / T_0 \rfloor\right)$, with $\beta$ = `llama_4_scaling_beta`
+# and $T_0$ the original window of its YaRN extension: 1 inside that window, growing in steps beyond it. The
+# captured queries include the factor, the coordinate `query_scale` records it per sample, and the defaults
+# analyse the queries as captured (`AnalysisOptions(query_scale="as_captured")`): plasticity is a property of
+# the scores the model computes, and the factor is part of them. `query_scale="divided_out"` divides it out
+# to show the geometry of the rotary embedding alone; the two coincide for windows within $T_0$ and for every
+# other family, whose captures carry no factor.
+
+# %% [markdown]
 # ## Coverage of the context window
 #
 # Uniform bucket sampling gives every bucket the same expected number of samples, whatever the document.

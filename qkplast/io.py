@@ -10,7 +10,14 @@ vectors (thesis section 4.1):
   eq. 4.1), ``rope`` (False for layers without positional encoding);
 * attrs: ``model``, ``seq_len``, ``bucket_size``, ``seed``, ``dtype``,
   ``corpus``, ``n_q_heads``, ``n_kv_heads`` plus anything that makes the run
-  reproducible.
+  reproducible;
+* optional (:data:`OPTIONAL_COORDS`; captures made before them lack them, and
+  a missing one means the default): ``rotary`` on ``dim`` (boolean: the
+  dimension is turned by the rotary embedding in the RoPE layers; default all
+  True; GPT-NeoX turns only the first quarter of each head) and
+  ``query_scale`` on ``sample`` (positive float: the position-dependent factor
+  the model multiplied the queries by after RoPE, Ministral-3's Llama-4 style
+  scale; default 1, no factor).
 
 Datasets are stored as netCDF-4 (HDF5) files. netCDF attributes cannot hold
 booleans, ``None`` or nested mappings, so every attribute is also stored as one
@@ -36,6 +43,7 @@ from qkplast.errors import QkplastError
 __all__ = [
     "CaptureError",
     "REQUIRED_ATTRS",
+    "OPTIONAL_COORDS",
     "validate_capture",
     "save_capture",
     "open_capture",
@@ -46,6 +54,8 @@ __all__ = [
 REQUIRED_ATTRS = ("model", "seq_len", "bucket_size", "seed", "dtype", "corpus", "n_q_heads", "n_kv_heads")
 SAMPLE_COORDS = {"position": "i", "doc": "U", "bucket": "i", "token": "i"}
 HEAD_COORDS = {"layer": "i", "q_head": "i", "kv_head": "i", "rope": "b"}
+#: coordinates a capture may hold: name -> (dim, kind); absent means every dimension rotates / no query factor
+OPTIONAL_COORDS = {"rotary": ("dim", "b"), "query_scale": ("sample", "f")}
 _ATTRS_KEY = "_qkplast_attrs_json"
 FORMAT_VERSION = 1
 
@@ -59,9 +69,32 @@ def _kind_ok(values: np.ndarray, kind: str) -> bool:
         return values.dtype.kind in "iu"
     if kind == "b":
         return values.dtype.kind == "b"
+    if kind == "f":
+        return values.dtype.kind == "f"
     if kind == "U":
         return values.dtype.kind in "UO" and all(isinstance(v, str) for v in values.ravel().tolist())
     raise AssertionError(kind)
+
+
+_KIND_WORDS = {"i": "integer", "b": "boolean", "U": "string", "f": "floating-point"}
+
+
+def _check_coord(ds: xr.Dataset, name: str, dim: str, kind: str) -> None:
+    if ds[name].dims != (dim,):
+        raise CaptureError(f"coordinate {name!r} must have dims ({dim!r},), got {ds[name].dims}")
+    if not _kind_ok(ds[name].values, kind):
+        raise CaptureError(f"coordinate {name!r} must be {_KIND_WORDS[kind]}, got dtype {ds[name].dtype}")
+
+
+def _check_optional_coords(ds: xr.Dataset) -> None:
+    """``rotary`` and ``query_scale``, where present: right dim and kind, and factors finite and positive."""
+    for name, (dim, kind) in OPTIONAL_COORDS.items():
+        if name in ds.coords:
+            _check_coord(ds, name, dim, kind)
+    if "query_scale" in ds.coords:
+        scale = ds["query_scale"].values
+        if not (np.isfinite(scale).all() and (scale > 0).all()):
+            raise CaptureError("coordinate 'query_scale' must hold finite positive factors")
 
 
 def _head_label(ds: xr.Dataset, i: int) -> str:
@@ -71,7 +104,8 @@ def _head_label(ds: xr.Dataset, i: int) -> str:
 def validate_capture(ds: xr.Dataset, *, check_finite: bool = True) -> xr.Dataset:
     """Check that ``ds`` follows the capture contract; raise :class:`CaptureError` if not.
 
-    Checks names, dims and dtypes, the GQA mapping ``kv_head = q_head // (n_q/n_kv)``
+    Checks names, dims and dtypes (of the optional ``rotary`` and ``query_scale`` too, where present), the GQA
+    mapping ``kv_head = q_head // (n_q/n_kv)``
     (eq. 4.1), ``bucket == position // bucket_size``, positions inside
     ``[0, seq_len)``, unique ``(doc, position)`` samples, and (unless
     ``check_finite=False``) that no vector holds NaN or Inf.
@@ -99,11 +133,8 @@ def validate_capture(ds: xr.Dataset, *, check_finite: bool = True) -> xr.Dataset
         for name, kind in coords.items():
             if name not in ds.coords:
                 raise CaptureError(f"capture has no coordinate {name!r} on {dim!r}")
-            if ds[name].dims != (dim,):
-                raise CaptureError(f"coordinate {name!r} must have dims ({dim!r},), got {ds[name].dims}")
-            if not _kind_ok(ds[name].values, kind):
-                want = {"i": "integer", "b": "boolean", "U": "string"}[kind]
-                raise CaptureError(f"coordinate {name!r} must be {want}, got dtype {ds[name].dtype}")
+            _check_coord(ds, name, dim, kind)
+    _check_optional_coords(ds)
     missing = [a for a in REQUIRED_ATTRS if a not in ds.attrs]
     if missing:
         raise CaptureError(f"capture attrs lack {missing}; required: {list(REQUIRED_ATTRS)}")

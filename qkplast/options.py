@@ -149,6 +149,28 @@ class AnalysisOptions:
         ``AP_drop`` decomposition; default True). They cost several times the
         thesis's own metrics (``benchmarks/bench_plasticity.py`` prints both);
         False leaves them out.
+
+    Model families beyond the thesis's (:func:`qkplast.analysis.views.analysis_vectors`)
+    ------------------------------------------------------------------------------------
+    head_dims : {"all", "rotary", "non_rotary"}
+        Which dimensions of each head are analysed. "all" (default): the whole
+        vector, as the kernel scores it (``q . k`` sums over every dimension).
+        "rotary": only the dimensions the rotary embedding turns (the capture's
+        ``rotary`` coordinate on ``dim``); "non_rotary": only the others, which
+        carry no rotary position. GPT-NeoX (Pythia, ``rotary_pct = 0.25``)
+        turns the first quarter of each head; in every other supported family
+        all dimensions turn, so "rotary" equals "all" there and "non_rotary"
+        is refused.
+    query_scale : {"as_captured", "divided_out"}
+        The position-dependent query scale of Ministral-3 (Llama-4 style,
+        ``1 + beta log(1 + floor(t / original))``, up to 1.21 at 128K), which
+        multiplies the queries before the kernel. "as_captured" (default): the
+        queries as the kernel receives them, scale included, because the
+        plasticity of a head is a property of the scores the model computes.
+        "divided_out": each query divided by its position's factor (the
+        capture's ``query_scale`` coordinate), the geometry of the rotary
+        embedding alone. A capture without the coordinate (every family but
+        Ministral-3) has factor 1: both choices give the same result.
     """
 
     taxonomy_low: float = 0.3
@@ -175,6 +197,8 @@ class AnalysisOptions:
     n_sets: int = 16
     n_model_queries: int = 32
     open_questions: bool = True
+    head_dims: Literal["all", "rotary", "non_rotary"] = "all"
+    query_scale: Literal["as_captured", "divided_out"] = "as_captured"
 
     def __post_init__(self):
         _coerce_fields(self)
@@ -237,6 +261,11 @@ class CaptureOptions:
         ``revision`` here, once, so every reader sees ``model`` without it.
     revision : str or None
         Hub revision (branch, tag or commit); ``model@revision`` sets it too.
+    tokenizer : str or None
+        Where the tokenizer comes from: ``owner/name@revision`` (pin it with a
+        40-hex commit), ``owner/name`` or a local directory; None (default):
+        the model's own, at the model's revision. For checkpoint branches that
+        ship no tokenizer (SmolLM3's), name the base model's.
     rope_scaling : str or None
         RoPE override ``TYPE:FACTOR[:ORIGINAL]``, e.g. ``yarn:4:32768`` (5.4.2).
     device : str
@@ -284,6 +313,7 @@ class CaptureOptions:
 
     model: str = "smollm2-135m"
     revision: str | None = None
+    tokenizer: str | None = None
     rope_scaling: str | None = None
     device: str = "cpu"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -22,6 +22,20 @@ so that a 131072-token forward stays affordable on a CPU):
 * ``mllama``: the text model of Llama 3.2 Vision, two self-attention layers
   and one cross-attention layer, 131072 positions.
 
+Beyond :data:`ARCHITECTURES` (not in the default hub; the public checkpoint
+series' rehearsals, ``tests/acceptance/test_public_series.py``, put them under
+the real repository ids and branch names):
+
+* ``gpt_neox``: Pythia's GPT-NeoX, 4 heads of 16 dims of which the first 4
+  rotate (``rotary_pct = 0.25``), 2048 positions;
+* ``olmo2``: OLMo-2, query/key RMS norm over the whole projection before RoPE,
+  4096 positions;
+* ``lucie``: Lucie-7B's Llama shape (4 query / 1 key heads), RoPE base 20M and
+  32000 positions as after its context extension.
+
+A repository may be saved without a tokenizer (``tokenizer=None``), as
+checkpoint branches are that ship none.
+
 The tokenizer is a byte-level BPE trained in memory on pydoc topics (no
 download), saved as ``tokenizer.json``.
 """
@@ -39,6 +53,8 @@ from pathlib import Path
 OWNER = "qkplast-rehearsal"
 BRANCH = "rehearsal"
 ARCHITECTURES = ("qwen3", "llama3", "smollm3", "mllama")
+#: families of the public checkpoint series, built on demand (not part of :func:`make_hub`'s default)
+EXTRA_ARCHITECTURES = ("gpt_neox", "olmo2", "lucie")
 
 _TINY = dict(
     hidden_size=64,
@@ -69,6 +85,16 @@ def tiny_config(arch: str):
     if arch == "smollm3":
         return T.SmolLM3Config(**_TINY, max_position_embeddings=131072, no_rope_layers=[1, 0],
                                pad_token_id=None, bos_token_id=1, eos_token_id=0)
+    if arch == "gpt_neox":
+        return T.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                               vocab_size=300, rotary_pct=0.25, max_position_embeddings=2048,
+                               bos_token_id=1, eos_token_id=0)
+    if arch == "olmo2":
+        return T.Olmo2Config(**{**_TINY, "num_attention_heads": 4, "head_dim": 16}, max_position_embeddings=4096,
+                             pad_token_id=None, bos_token_id=1, eos_token_id=0)
+    if arch == "lucie":
+        return T.LlamaConfig(**{**_TINY, "num_attention_heads": 4, "head_dim": 16}, max_position_embeddings=32000,
+                             rope_parameters={"rope_type": "default", "rope_theta": 20000000.0})
     if arch == "mllama":
         text = {k: v for k, v in _TINY.items() if k != "head_dim"}
         # Mllama derives head_dim as hidden / heads: 2 heads of 32 (its own layout, kept).
@@ -78,16 +104,18 @@ def tiny_config(arch: str):
                       attention_heads=2, image_size=32, patch_size=16, vision_output_dim=32,
                       intermediate_layers_indices=[0])
         return T.MllamaConfig(text_config=text, vision_config=vision)
-    raise ValueError(f"unknown architecture {arch!r}; one of {ARCHITECTURES}")
+    raise ValueError(f"unknown architecture {arch!r}; one of {ARCHITECTURES + EXTRA_ARCHITECTURES}")
 
 
-def tiny_model(arch: str, seed: int = 0):
-    """A random-initialised model of ``arch`` in eval mode (seeded)."""
+def tiny_model(arch: str, seed: int = 0, **config_overrides):
+    """A random-initialised model of ``arch`` in eval mode (seeded); ``config_overrides`` set config attributes."""
     import torch
     import transformers as T
 
     torch.manual_seed(seed)
     config = tiny_config(arch)
+    for name, value in config_overrides.items():
+        setattr(config, name, value)
     cls = T.MllamaForConditionalGeneration if arch == "mllama" else T.AutoModelForCausalLM
     model = cls(config) if arch == "mllama" else cls.from_config(config)
     return model.eval()
@@ -109,12 +137,17 @@ def _commit_of(files: dict[str, str]) -> str:
 
 
 def save_to_hub_cache(model, tokenizer, repo: str, cache: Path, branch: str = BRANCH) -> str:
-    """Save ``model`` and ``tokenizer`` as repository ``repo`` at ``branch`` in hub cache ``cache``; return the commit."""
+    """Save ``model`` and ``tokenizer`` as repository ``repo`` at ``branch`` in hub cache ``cache``; return the commit.
+
+    Either may be None: a branch without a tokenizer (a checkpoint branch), or a tokenizer-only repository.
+    """
     cache = Path(cache)
     root = cache / f"models--{repo.replace('/', '--')}"
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if model is not None:
+            model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         files = {}
         for path in sorted(Path(tmp).rglob("*")):
             if path.is_file():
@@ -142,8 +175,8 @@ def make_hub(cache: Path, archs=ARCHITECTURES, branch: str = BRANCH) -> dict[str
     return {arch: save_to_hub_cache(tiny_model(arch), tokenizer, repo_id(arch), cache, branch) for arch in archs}
 
 
-def long_corpus(path: Path, n_chars: int = 700_000, docs: int = 2) -> Path:
-    """A ``.jsonl`` corpus of ``docs`` documents of natural prose, ``n_chars`` characters each.
+def long_corpus(path: Path, n_chars: int = 700_000, docs: int = 2, text_field: str = "text") -> Path:
+    """A ``.jsonl`` corpus of ``docs`` documents of natural prose, ``n_chars`` characters each (under ``text_field``).
 
     Each document is the pydoc topics, repeated, starting at a different topic, so no two documents share
     their windows. The tiny BPE gives about 3.7 characters per token, so each holds one 131072-token
@@ -156,7 +189,7 @@ def long_corpus(path: Path, n_chars: int = 700_000, docs: int = 2) -> Path:
         for d in range(docs):
             shift = d * len(names) // docs
             text = "\n\n".join(topics[k] for k in names[shift:] + names[:shift])
-            f.write(json.dumps({"id": f"doc{d}", "text": (text * (n_chars // len(text) + 1))[:n_chars]}) + "\n")
+            f.write(json.dumps({"id": f"doc{d}", text_field: (text * (n_chars // len(text) + 1))[:n_chars]}) + "\n")
     return path
 
 

@@ -36,6 +36,7 @@ from qkplast.capture.driver import (
     sample_positions,
     text_decoder,
 )
+from eager_reference import attention_modules as _attention_modules, compare_with_eager
 from qkplast.capture.corpus import Document, iter_windows
 from qkplast.io import validate_capture
 from qkplast.options import CaptureOptions
@@ -148,56 +149,10 @@ def _documents():
     ]
 
 
-def _attention_modules(model):
-    decoder = text_decoder(model)
-    return {m.layer_idx: m for m in decoder.modules() if hasattr(m, "q_proj") and hasattr(m, "layer_idx")}
-
-
-def _eager_probabilities(model, input_ids):
-    """Softmax probabilities of every self-attention layer under the model's own eager attention."""
-    decoder = text_decoder(model)
-    previous = decoder.config._attn_implementation
-    decoder.set_attn_implementation("eager")
-    probs, handles = {}, []
-    for layer, module in _attention_modules(model).items():
-        handles.append(module.register_forward_hook(lambda m, a, out, layer=layer: probs.__setitem__(layer, out[1][0])))
-    try:
-        with torch.inference_mode():
-            decoder(input_ids=torch.as_tensor(input_ids)[None], use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-        decoder.set_attn_implementation(previous)
-    return probs  # layer -> [n_q, seq, seq]
-
-
 def _check_against_eager(model, tokenizer, ds):
     """Captured q.k * scaling reproduces the eager logits (up to each row's constant) at all sampled pairs."""
-    modules = _attention_modules(model)
-    windows = {w.doc_id: w for w in iter_windows(_documents(), tokenizer, ds.attrs["seq_len"])}
-    checked = 0
-    for doc_id, window in windows.items():
-        sel = np.flatnonzero(ds["doc"].values == doc_id)
-        pos = ds["position"].values[sel]
-        if len(pos) < 2:
-            continue
-        probs = _eager_probabilities(model, window.input_ids)
-        for h in range(ds.sizes["head"]):
-            layer, qh = int(ds["layer"][h]), int(ds["q_head"][h])
-            scaling = modules[layer].scaling
-            assert scaling == pytest.approx(ds.attrs["head_dim"] ** -0.5)
-            q = ds["q"].values[h][sel].astype(np.float64)  # [sample, dim]
-            k = ds["k"].values[h][sel].astype(np.float64)  # [sample, dim]
-            logits = q @ k.T * scaling  # [sample, sample]
-            with np.errstate(divide="ignore"):  # masked keys have probability 0; only visible ones are compared
-                logp = np.log(probs[layer][qh].numpy().astype(np.float64))[np.ix_(pos, pos)]  # [sample, sample]
-            visible = pos[None, :] <= pos[:, None]  # causal; captured layers have no window
-            diag = np.arange(len(pos))
-            captured = logits - logits[diag, diag][:, None]
-            reference = logp - logp[diag, diag][:, None]
-            np.testing.assert_allclose(captured[visible], reference[visible], rtol=1e-5, atol=2e-5)
-            checked += int(visible.sum()) - len(pos)
-    assert checked > 50, "too few sampled pairs to make the comparison meaningful"
+    windows = iter_windows(_documents(), tokenizer, ds.attrs["seq_len"])
+    assert compare_with_eager(model, ds, windows) > 50, "too few sampled pairs to make the comparison meaningful"
 
 
 def _options(**kw) -> CaptureOptions:

@@ -47,6 +47,7 @@ import xarray as xr
 from qkplast._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from qkplast.analysis.linalg import householder_apply, householder_vector
 from qkplast.options import AnalysisOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import (KeyPairs, QueryModel, bucket_layout, closed_form_kernel, edge_masks, query_model,
                                         sample_key_pairs)
 from qkplast.analysis.moments import slope
@@ -190,6 +191,7 @@ def counterfactual_ap(capture: xr.Dataset, options: AnalysisOptions | None = Non
     ``variant`` is labelled ``"P1C1"``, ``"P1C0"``, ``"P0C1"``, ``"P0C0"``; ``P1C1`` is ``ap`` itself.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
+    capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
     fit = fitted_layout(capture, opt, dev)
     counts = torch.as_tensor(np.where(fit.usable, fit.counts, 0), device=dev, dtype=torch.float64)
@@ -227,6 +229,7 @@ def decompose_drop(capture: xr.Dataset, options: AnalysisOptions | None = None, 
         the counterfactual profiles.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
+    capture = analysis_vectors(capture, opt)
     cf = counterfactual_ap(capture, opt)
     first, last = edge_masks(cf.tau.values, int(capture.attrs["seq_len"]), opt)
     drops = drop_of(cf.values, first, last)  # [variant, head]

@@ -43,6 +43,7 @@ from scipy.special import gammaln
 from qkplast._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from qkplast.analysis.decompose import Fitted, fitted_layout, masked_mean, rotate_and_fit
 from qkplast.options import AnalysisOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, closed_form_kernel
 
 WHOLE = 0  # set size code of "the document's whole eligible set"
@@ -231,6 +232,7 @@ def listwise(capture: xr.Dataset, options: AnalysisOptions | None = None, **over
         ``options.set_sizes`` (0: the whole eligible set of a document).
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
+    capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
     fit = fitted_layout(capture, opt, dev)
     rng = np.random.default_rng(opt.seed)

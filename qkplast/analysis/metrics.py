@@ -9,6 +9,7 @@ from qkplast._version import __version__
 from qkplast.io import check_finite_vectors, validate_capture
 from qkplast.analysis.open_questions import open_questions
 from qkplast.options import AnalysisOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast._torch import SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device
 from qkplast.analysis.moments import cloud_moments
 from qkplast.analysis.pca import pca_dataset, pca_from_moments
@@ -84,6 +85,7 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     # NaN and Inf are found chunk by chunk, in parallel, through the clouds' means (thesis_metrics)
     validate_capture(capture, check_finite=False)
+    capture = analysis_vectors(capture, opt)  # head_dims, query_scale (identity under the defaults)
     out = xr.merge(thesis_metrics(capture, opt), compat="no_conflicts", combine_attrs="drop")
     if opt.open_questions:  # beyond the thesis: listwise plasticity and the AP_drop decomposition
         out = out.merge(open_questions(capture, opt, out), compat="no_conflicts", combine_attrs="drop")

@@ -42,6 +42,7 @@ from qkplast._torch import (SCRATCH_CPU_MB, as_f64, auto_chunk, einsum, head_chu
 from qkplast.analysis.linalg import householder_apply, householder_vector
 from qkplast.analysis.moments import CloudMoments, cloud_moments
 from qkplast.options import AnalysisOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.signs import bucket_rows, float64_sign_sums, sign_sums
 from qkplast.analysis.moments import slope
 
@@ -675,6 +676,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     :class:`PlasticityWarning` naming the bucket.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
+    capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
     lay = plasticity_layout(capture, opt, dev, warn=True)
     chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, SCRATCH_CPU_MB)
@@ -767,6 +769,7 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
         Per head: ``alpha_pos``, ``beta_pos``, ``sigma2_pos``.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
+    capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
     sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
     lay = plasticity_layout(sub, opt, dev, warn=False)

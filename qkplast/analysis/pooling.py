@@ -22,6 +22,7 @@ import xarray as xr
 
 from qkplast._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from qkplast.options import AnalysisOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import pair_closed_form, plasticity_layout, query_model, rotate, summarize_profile, weighted_pair_mean
 
 
@@ -48,6 +49,7 @@ def within_document_ap(capture: xr.Dataset, options: AnalysisOptions | None = No
         within / pooled variance, dims ``head, query_bucket``).
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
+    capture = analysis_vectors(capture, opt)
     if opt.semantic_stats != "per_bucket":
         raise ValueError("within-document statistics are per bucket: use semantic_stats='per_bucket'")
     dev = resolve_device(opt.device)

@@ -10,26 +10,41 @@ captured nor counted (thesis 4.1.3).
 
 :func:`layout_from_config` predicts the same layout from the config alone,
 for the planner, which must not load weights.
+
+Two properties of a family change what the captured vectors mean, and the
+layout records both, so the capture can store them beside the vectors:
+
+* ``rotary_dims``: how many leading dimensions of each head the rotary
+  embedding turns (GPT-NeoX/Pythia: ``partial_rotary_factor`` 0.25 of the
+  head, the module's ``rotary_ndims``; every other family: all of them);
+* ``query_scale``: Ministral-3's position-dependent query factor
+  (Llama-4 style, ``1 + beta log(1 + floor(t / original))``), computed by
+  the modeling file's own function and rounded to the model's dtype as the
+  model applies it; None for families without one.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from qkplast.capture.hooks import CAPTURE_ATTN, UnsupportedModelError, attention_switched, recording_into, register_capture_attention, text_decoder
 
-__all__ = ["SUPPORTED_FAMILIES", "LayerInfo", "ModelLayout", "inspect_model", "layout_from_config"]
+__all__ = ["SUPPORTED_FAMILIES", "LayerInfo", "ModelLayout", "inspect_model", "kv_heads", "layout_from_config",
+           "query_scale_function", "rotary_dims"]
 
 SUPPORTED_FAMILIES = (
-    "Llama 3.x and SmolLM2 (llama), Qwen3 (qwen3), Mistral (mistral), Ministral (ministral), "
-    "Ministral-3 (ministral3, mistral3), SmolLM3 (smollm3), Llama 3.2 Vision (mllama)"
+    "Llama 3.x, SmolLM2 and Lucie (llama), Qwen3 (qwen3), Mistral (mistral), Ministral (ministral), "
+    "Ministral-3 (ministral3, mistral3), SmolLM3 (smollm3), Llama 3.2 Vision (mllama), "
+    "GPT-NeoX/Pythia (gpt_neox), OLMo-2 (olmo2)"
 )
-# Model types whose capture is verified by tests/test_capture.py against the model's own eager attention.
+# Model types whose capture is verified against the model's own eager attention (tests/test_capture.py,
+# tests/integration/capture/test_families.py).
 _VERIFIED_MODEL_TYPES = frozenset(
-    {"llama", "qwen3", "mistral", "ministral", "ministral3", "mistral3", "smollm3", "mllama"}
+    {"llama", "qwen3", "mistral", "ministral", "ministral3", "mistral3", "smollm3", "mllama", "gpt_neox", "olmo2"}
 )
 _VERIFIED_TEXT_TYPES = frozenset(
-    {"llama", "qwen3", "mistral", "ministral", "ministral3", "smollm3", "mllama_text_model"}
+    {"llama", "qwen3", "mistral", "ministral", "ministral3", "smollm3", "mllama_text_model", "gpt_neox", "olmo2"}
 )
 _PROBE_TOKENS = 8
 @dataclass(frozen=True)
@@ -71,6 +86,12 @@ class ModelLayout:
         ``id(attention module) -> layer index``, to recognise calls during capture.
     calls_per_forward : int
         Entry-point calls in one text forward (for progress bars).
+    rotary_dims : int or None
+        Leading dimensions of each head that the rotary embedding turns in the
+        RoPE layers (None: all ``head_dim``); GPT-NeoX turns a quarter.
+    query_scale : callable or None
+        ``positions [sample] -> factor [sample]`` (float64) that multiplies the
+        queries before the kernel (Ministral-3), None when there is none.
     """
 
     layers: list[LayerInfo]
@@ -81,6 +102,16 @@ class ModelLayout:
     verified: bool
     modules: dict = field(repr=False)
     calls_per_forward: int = 0
+    rotary_dims: int | None = None
+    query_scale: object = field(default=None, repr=False)
+
+    @property
+    def rotary_mask(self):
+        """``[dim]`` booleans: the dimensions the rotary embedding turns in RoPE layers."""
+        import numpy as np
+
+        turned = self.head_dim if self.rotary_dims is None else self.rotary_dims
+        return np.arange(self.head_dim) < turned
 
     @property
     def eligible_layers(self) -> list[int]:
@@ -122,6 +153,47 @@ def _exclusion(module, text_config, layer: int, kw_window) -> str:
     if window is not None:
         return f"sliding-window attention (window {window})"
     return ""
+
+
+def kv_heads(text_config) -> int:
+    """Key-value heads of a text config; configs without GQA (GPT-NeoX) have as many as query heads."""
+    return int(getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads)
+
+
+def rotary_dims(text_config, head_dim: int, module=None) -> int:
+    """Leading dimensions per head that the rotary embedding turns: the module's ``rotary_ndims`` (GPT-NeoX) if it
+    has one, else ``head_dim x partial_rotary_factor`` of the config's RoPE parameters (1 when absent)."""
+    if module is not None and getattr(module, "rotary_ndims", None) is not None:
+        return int(module.rotary_ndims)
+    factor = (getattr(text_config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+    return int(head_dim * float(factor))
+
+
+def query_scale_function(model, module):
+    """The query factor ``positions -> factor`` that ``module`` applies after RoPE, or None.
+
+    Ministral-3 (and Mistral-4) multiply the rotated queries by
+    ``get_llama_4_attn_scale(position_ids, beta, original_max_position_embeddings)``
+    from their modeling file, with ``beta = rope_parameters["llama_4_scaling_beta"]``,
+    cast to the query's dtype. The same function of the same module is called
+    here, and its value rounded to the model's dtype, so the recorded factor is
+    the one the kernel's queries carry.
+    """
+    import numpy as np
+    import torch
+
+    fn = getattr(sys.modules.get(type(module).__module__), "get_llama_4_attn_scale", None)
+    rope = getattr(model.config.get_text_config(), "rope_parameters", None) or {}
+    beta = rope.get("llama_4_scaling_beta")
+    if fn is None or beta is None:
+        return None
+    original, dtype = rope.get("original_max_position_embeddings"), model.dtype
+
+    def factor(positions) -> np.ndarray:
+        ids = torch.as_tensor(np.asarray(positions, dtype=np.int64))[None]  # [batch, sample]
+        return fn(ids, beta, original).to(dtype).double().flatten().numpy()  # [sample]
+
+    return factor
 
 
 def _family(model) -> tuple[str, bool]:
@@ -171,8 +243,8 @@ def inspect_model(model, *, attn: str = "sdpa", allow_unverified: bool = False) 
             "does not go through the transformers attention interface and cannot be captured; "
             f"supported: {SUPPORTED_FAMILIES}"
         )
-    n_q, n_kv = int(text_config.num_attention_heads), int(text_config.num_key_value_heads)
-    layers, modules, head_dims = [], {}, set()
+    n_q, n_kv = int(text_config.num_attention_heads), kv_heads(text_config)
+    layers, modules, head_dims, turned, scales = [], {}, set(), set(), []
     for module, q_shape, k_shape, window in probe.calls:
         layer = getattr(module, "layer_idx", None)
         if layer is None:
@@ -189,7 +261,11 @@ def inspect_model(model, *, attn: str = "sdpa", allow_unverified: bool = False) 
         modules[id(module)] = layer
         head_dims.add(q_shape[3])
         reason = _exclusion(module, text_config, layer, window)
-        layers.append(LayerInfo(layer, _uses_rope(module, text_config, layer), not reason, reason))
+        rope = _uses_rope(module, text_config, layer)
+        layers.append(LayerInfo(layer, rope, not reason, reason))
+        if rope:
+            turned.add(rotary_dims(text_config, q_shape[3], module))
+        scales.append(query_scale_function(model, module))
     declared_cross = set(getattr(text_config, "cross_attention_layers", None) or ())
     missing = sorted(set(range(int(text_config.num_hidden_layers))) - set(modules.values()) - declared_cross)
     if missing:
@@ -199,6 +275,8 @@ def inspect_model(model, *, attn: str = "sdpa", allow_unverified: bool = False) 
         )
     if len(head_dims) != 1:
         raise UnsupportedModelError(f"layers use different head dimensions {sorted(head_dims)}")
+    if len(turned) > 1:
+        raise UnsupportedModelError(f"RoPE layers turn different numbers of dimensions {sorted(turned)}")
     layers.sort(key=lambda info: info.layer)
     if not any(info.eligible for info in layers):
         reasons = sorted({info.reason for info in layers})
@@ -206,7 +284,9 @@ def inspect_model(model, *, attn: str = "sdpa", allow_unverified: bool = False) 
             f"no layer of {type(model).__name__} is a full-attention layer ({'; '.join(reasons)}); "
             "only full-attention layers are captured (thesis 4.1.3)"
         )
-    return ModelLayout(layers, n_q, n_kv, head_dims.pop(), family, verified, modules, len(probe.calls))
+    head_dim = head_dims.pop()
+    return ModelLayout(layers, n_q, n_kv, head_dim, family, verified, modules, len(probe.calls),
+                       rotary_dims=turned.pop() if turned else head_dim, query_scale=scales[0])
 
 
 def layout_from_config(config) -> ModelLayout:
@@ -232,5 +312,6 @@ def layout_from_config(config) -> ModelLayout:
             reason = f"sliding-window attention (window {window})"
         layers.append(LayerInfo(layer, _uses_rope(None, text, layer), not reason, reason))
     n_q = int(text.num_attention_heads)
-    head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // n_q
-    return ModelLayout(layers, n_q, int(text.num_key_value_heads), int(head_dim), family, verified, {}, len(layers))
+    head_dim = int(getattr(text, "head_dim", None) or int(text.hidden_size) // n_q)
+    return ModelLayout(layers, n_q, kv_heads(text), head_dim, family, verified, {}, len(layers),
+                       rotary_dims=rotary_dims(text, head_dim))

@@ -232,18 +232,22 @@ def _capture_window(capturer: Capturer, window, options: CaptureOptions, progres
     else:
         # No position drawn: the forward pass would record nothing, so it is skipped.
         q = k = np.zeros((len(plan), 0, layout.head_dim), dtype=np.float32)
+    coords = {
+        "position": ("sample", positions.astype(np.int64)),
+        "doc": ("sample", np.array([window.doc_id] * len(positions), dtype=str)),
+        "bucket": ("sample", (positions // options.bucket_size).astype(np.int64)),
+        "token": ("sample", window.input_ids[positions].astype(np.int64)),
+        "layer": ("head", plan.layer),
+        "q_head": ("head", plan.q_head),
+        "kv_head": ("head", plan.kv_head),
+        "rope": ("head", plan.rope),
+        "rotary": ("dim", layout.rotary_mask),
+    }
+    if layout.query_scale is not None:  # Ministral-3: the factor the kernel's queries carry at each position
+        coords["query_scale"] = ("sample", layout.query_scale(positions))
     return xr.Dataset(
         {"q": (("head", "sample", "dim"), q), "k": (("head", "sample", "dim"), k)},
-        coords={
-            "position": ("sample", positions.astype(np.int64)),
-            "doc": ("sample", np.array([window.doc_id] * len(positions), dtype=str)),
-            "bucket": ("sample", (positions // options.bucket_size).astype(np.int64)),
-            "token": ("sample", window.input_ids[positions].astype(np.int64)),
-            "layer": ("head", plan.layer),
-            "q_head": ("head", plan.q_head),
-            "kv_head": ("head", plan.kv_head),
-            "rope": ("head", plan.rope),
-        },
+        coords=coords,
         attrs={"doc": window.doc_id, "parts": list(window.parts)},
     )
 
@@ -275,6 +279,7 @@ def _capture_attrs(options: CaptureOptions, info: dict, capturer: Capturer, corp
     return {
         **options.to_dict(),
         "commit": info.get("commit"),
+        "tokenizer_commit": info.get("tokenizer_commit"),
         "model_info": info,
         "model_family": layout.family,
         "family_verified": layout.verified,
@@ -304,6 +309,13 @@ def _capture_attrs(options: CaptureOptions, info: dict, capturer: Capturer, corp
         "capture_point": (
             "query/key as passed to the attention kernel: after projection, q/k norm and rotary embedding, "
             "before grouped-query repetition; rows copied to float32 on the CPU"
+        ),
+        "rotary_dims": int(layout.rotary_mask.sum()),
+        "query_scale_rule": (
+            None if layout.query_scale is None else
+            "coordinate query_scale: the factor 1 + beta log(1 + floor(position / original_max_position_embeddings)) "
+            "(rope_parameters llama_4_scaling_beta) that multiplies the queries after RoPE, in the model's dtype, "
+            "and that the captured queries include; the keys carry no factor"
         ),
         "attn_implementation": f"{capturer.attn_name} (delegating to {capturer.attn})",
         "rope_parameters": getattr(text_config, "rope_parameters", None),
@@ -349,6 +361,11 @@ def run_capture(
     documents = corpus_module.open_corpus_for(options)
     if loaded is not None and loaded.info.get("model") != options.model:
         raise CaptureError(f"the loaded model is {loaded.info.get('model')!r} but the options name {options.model!r}")
+    if loaded is not None and loaded.info.get("tokenizer") != options.tokenizer:
+        raise CaptureError(
+            f"the loaded model carries tokenizer {loaded.info.get('tokenizer')!r} but the options name "
+            f"{options.tokenizer!r}; load it with qkplast.capture.models.load_for(options)"
+        )
     options = preflight(options, documents, tokenizer=None if loaded is None else loaded.tokenizer)
     if loaded is None:
         loaded = load_for(options)

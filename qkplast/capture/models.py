@@ -54,6 +54,7 @@ __all__ = [
     "load_model",
     "load_config",
     "load_tokenizer",
+    "load_tokenizer_with_info",
     "release_model",
     "load_for",
     "quiet_transformers",
@@ -320,22 +321,23 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _check_cached_revision(repo: str, revision: str) -> None:
+def _check_cached_revision(repo: str, revision: str, files: tuple[str, ...] = ("config.json",), what: str = "") -> None:
     """Offline, a hub revision must already be in the local cache; say how to get it when it is not.
 
-    A repository absent from the cache altogether is left to the loader's own error.
+    The revision counts as cached when one of ``files`` is in its snapshot. A repository absent from the cache
+    altogether is left to the loader's own error.
     """
     from huggingface_hub import constants, try_to_load_from_cache
 
     repo_dir = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
     if not repo_dir.is_dir():
         return
-    if try_to_load_from_cache(repo, "config.json", revision=revision) is None:
+    if all(try_to_load_from_cache(repo, name, revision=revision) is None for name in files):
         known = sorted(p.name for p in (repo_dir / "refs").glob("*")) if (repo_dir / "refs").is_dir() else []
         instead = f", or name a cached revision ({repo}@{known[0]})" if known else ""
         raise ModelError(
-            f"revision {revision!r} of {repo!r} is not in the local hub cache {constants.HF_HUB_CACHE} and the hub is "
-            f"offline (cached revisions: {', '.join(known) or 'none'}); fetch it once online with "
+            f"{what}revision {revision!r} of {repo!r} is not in the local hub cache {constants.HF_HUB_CACHE} and the "
+            f"hub is offline (cached revisions: {', '.join(known) or 'none'}); fetch it once online with "
             f"'huggingface-cli download {repo} --revision {revision}'{instead}"
         )
 
@@ -424,16 +426,87 @@ def load_config(
     return config, info
 
 
-def load_tokenizer(name: str, *, revision: str | None = None, local_files_only: bool | None = None):
-    """Only the tokenizer of ``name`` (``owner/name@revision`` accepted): what the corpus check needs."""
+#: Files whose presence in a hub snapshot or directory means it holds a tokenizer.
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def _resolve_tokenizer(spec: str, local_files_only: bool) -> tuple[str, dict]:
+    """Where to load the tokenizer ``spec`` (``owner/name[@revision]``, a directory or the alias) from, and its
+    provenance (``tokenizer``, ``revision``, ``commit``); a directory needs tokenizer files, not a model config."""
+    name, revision = split_revision(spec)
+    info = {"tokenizer": spec, "revision": revision, "commit": None}
+    if name == DEFAULT_MODEL:
+        if revision is not None:
+            raise ModelError(f"the embedded model {DEFAULT_MODEL!r} has no revisions; drop '@{revision}'")
+        name = str(prepare_default_model())
+    if _is_local(name):
+        path = Path(name).expanduser().resolve()
+        if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+            raise ModelError(f"tokenizer directory {str(path)!r} has none of {list(_TOKENIZER_FILES)}")
+        return str(path), {**info, "revision": None}
+    if not _looks_like_hub_id(name):
+        raise ModelError(
+            f"unknown tokenizer {spec!r}: not an existing directory and not a hub id of the form owner/name[@revision]"
+        )
+    if local_files_only:
+        _check_cached_revision(name, revision or "main", _TOKENIZER_FILES, what="tokenizer: ")
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = [p for p in (try_to_load_from_cache(name, f, revision=revision) for f in _TOKENIZER_FILES)
+              if isinstance(p, str)]
+    info["commit"] = _snapshot_commit(cached[0]) if cached else None
+    if local_files_only and cached:
+        # offline, the cached snapshot is read as a directory: a repository downloaded for its tokenizer alone (no
+        # config.json) then loads too, where the hub loader would look for the config it cannot fetch
+        return str(Path(cached[0]).parent), {**info, "load_revision": None}
+    return name, info
+
+
+def load_tokenizer_with_info(name: str, *, revision: str | None = None, tokenizer: str | None = None,
+                             local_files_only: bool | None = None):
+    """The tokenizer a capture of model ``name`` reads its corpus with, and where it came from.
+
+    Parameters
+    ----------
+    name, revision
+        The model (``owner/name@revision`` accepted).
+    tokenizer : str, optional
+        :attr:`qkplast.options.CaptureOptions.tokenizer`: ``owner/name[@revision]`` or a directory; None, the
+        model's own at the model's revision.
+
+    Returns
+    -------
+    tokenizer : transformers tokenizer
+    info : dict
+        ``tokenizer`` (the spec; None for the model's own), and the ``revision`` and hub ``commit`` a named
+        tokenizer resolved to (None for the model's own, which is the model's commit).
+    """
     from transformers import AutoTokenizer
 
     local_files_only = _offline() if local_files_only is None else local_files_only
-    source, info = _resolve(name, revision, local_files_only)
+    if tokenizer is None:
+        source, model_info = _resolve(name, revision, local_files_only)
+        load_revision = model_info["revision"]
+        info = {"tokenizer": None, "revision": None, "commit": None}  # the model's own: the model's revision, commit
+        at = f" at {model_info['revision']!r}" if model_info["revision"] else ""
+        label = f"model {model_info['model']!r}{at}"
+        hint = ("; if this revision ships no tokenizer (checkpoint branches often do not), name one with "
+                "--tokenizer OWNER/NAME@REVISION (e.g. the base model's)")
+    else:
+        source, info = _resolve_tokenizer(tokenizer, local_files_only)
+        load_revision = info.pop("load_revision", info["revision"])
+        label, hint = f"--tokenizer {tokenizer!r}", ""
     try:
-        return AutoTokenizer.from_pretrained(source, revision=info["revision"], local_files_only=local_files_only)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"cannot load the tokenizer of model {info['model']!r}: {_first_line(exc)}") from exc
+        loaded = AutoTokenizer.from_pretrained(source, revision=load_revision, local_files_only=local_files_only)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelError(f"cannot load the tokenizer of {label}: {_first_line(exc)}{hint}") from exc
+    return loaded, info
+
+
+def load_tokenizer(name: str, *, revision: str | None = None, tokenizer: str | None = None,
+                   local_files_only: bool | None = None):
+    """Only the tokenizer (see :func:`load_tokenizer_with_info`): what the corpus check needs."""
+    return load_tokenizer_with_info(name, revision=revision, tokenizer=tokenizer, local_files_only=local_files_only)[0]
 
 
 def load_model(
@@ -445,6 +518,7 @@ def load_model(
     revision: str | None = None,
     local_files_only: bool | None = None,
     seq_len: int | None = None,
+    tokenizer: str | None = None,
 ) -> LoadedModel:
     """Resolve ``name`` and load the model and tokenizer for capture.
 
@@ -467,14 +541,17 @@ def load_model(
     seq_len : int, optional
         Checked against the (possibly RoPE-scaled) config before the weights
         are loaded, so that a too-long request fails in seconds.
+    tokenizer : str, optional
+        Another tokenizer than the model's own (``owner/name@revision`` or a
+        directory), see :attr:`qkplast.options.CaptureOptions.tokenizer`; loaded
+        before the weights. ``info`` records it and its commit
+        (``tokenizer``, ``tokenizer_revision``, ``tokenizer_commit``).
 
     Raises
     ------
     ModelError
         Unknown name or path, revision not cached offline, unreadable checkpoint, bad device/dtype/override.
     """
-    from transformers import AutoTokenizer
-
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     local_files_only = _offline() if local_files_only is None else local_files_only
@@ -482,6 +559,9 @@ def load_model(
     source = info["path"]
     if seq_len is not None:
         check_seq_len(config, seq_len, rope_scaling=info["rope_scaling"])
+    loaded_tokenizer, tokenizer_info = load_tokenizer_with_info(
+        name, revision=revision, tokenizer=tokenizer, local_files_only=local_files_only
+    )
     kwargs = {"revision": info["revision"], "local_files_only": local_files_only}
     try:
         model_class = auto_model_class(config)
@@ -490,7 +570,6 @@ def load_model(
             # Loading straight onto the GPU avoids holding a second copy of the weights in host memory.
             load_kwargs["device_map"] = device
         model = model_class.from_pretrained(source, **load_kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"cannot load model {info['model']!r} from {source}: {_first_line(exc)}") from exc
     model.eval()
@@ -499,8 +578,11 @@ def load_model(
         dtype=str(torch_dtype).removeprefix("torch."),
         model_class=type(model).__name__,
         max_positions=max_sequence_length(model.config),
+        tokenizer=tokenizer_info["tokenizer"],
+        tokenizer_revision=tokenizer_info["revision"],
+        tokenizer_commit=tokenizer_info["commit"],
     )
-    return LoadedModel(model, tokenizer, info)
+    return LoadedModel(model, loaded_tokenizer, info)
 
 
 @contextlib.contextmanager
@@ -523,11 +605,13 @@ def load_for(options) -> LoadedModel:
     """The model and tokenizer a capture's :class:`~qkplast.options.CaptureOptions` name, loaded quietly.
 
     The one way the pipeline, the run directory and the experiments load a run's model: its model,
-    revision, device, dtype and RoPE override, checked against its ``seq_len`` before the weights load.
+    revision, tokenizer, device, dtype and RoPE override, checked against its ``seq_len`` before the
+    weights load.
     """
     with quiet_transformers():
         return load_model(options.model, device=options.device, dtype=options.dtype,
-                          rope_scaling=options.rope_scaling, revision=options.revision, seq_len=options.seq_len)
+                          rope_scaling=options.rope_scaling, revision=options.revision, seq_len=options.seq_len,
+                          tokenizer=options.tokenizer)
 
 
 def release_model(loaded: LoadedModel) -> None:

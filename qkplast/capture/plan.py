@@ -234,8 +234,8 @@ def preflight(options: CaptureOptions, documents, tokenizer=None) -> CaptureOpti
 
     The config (revision resolved offline, RoPE override applied) bounds
     ``seq_len``; the kernel guard runs on the config's head counts; the
-    tokenizer alone counts the corpus's windows (raising when there are
-    fewer than ``options.docs``).
+    tokenizer alone (``options.tokenizer``, else the model's own) counts the
+    corpus's windows (raising when there are fewer than ``options.docs``).
     """
     from qkplast.capture.kernel_guard import KernelError
     from qkplast.capture.models import check_seq_len, load_config, load_tokenizer, resolve_device, resolve_dtype
@@ -248,7 +248,7 @@ def preflight(options: CaptureOptions, documents, tokenizer=None) -> CaptureOpti
     if problem is not None:
         raise KernelError(problem)
     if tokenizer is None:
-        tokenizer = load_tokenizer(options.model, revision=options.revision)
+        tokenizer = load_tokenizer(options.model, revision=options.revision, tokenizer=options.tokenizer)
     _count_windows(documents, tokenizer, options, strict=True)
     return options
 
@@ -307,7 +307,8 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
     layout = layout_from_config(config)
     heads = sample_heads(layout, options.heads, options.seed)
     documents = open_corpus_for(options)
-    windows = _count_windows(documents, load_tokenizer(options.model, revision=options.revision), options, strict=False)
+    tokenizer = load_tokenizer(options.model, revision=options.revision, tokenizer=options.tokenizer)
+    windows = _count_windows(documents, tokenizer, options, strict=False)
     n_params = _parameter_count(config)
     per = _BYTES[dtype]
     n_q = int(config.get_text_config().num_attention_heads)

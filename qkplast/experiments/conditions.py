@@ -41,6 +41,7 @@ from qkplast.analysis.decompose import PARTS, VARIANTS, counterfactual_model, dr
 from qkplast.analysis.plasticity import edge_masks
 from qkplast.capture.hooks import attention_transform
 from qkplast.options import AnalysisOptions, CaptureOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import closed_form_kernel
 
 QUANTITIES = ("ap_drop",) + PARTS
@@ -203,6 +204,8 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
     seed = run.seed
     settings = {"model": run.model, "revision": run.revision, "rope_scaling": run.rope_scaling, "corpus": run.corpus,
                 "docs": docs, "samples_per_bucket": samples_per_bucket, "heads": heads, "seed": seed, "dtype": run.dtype}
+    if run.tokenizer is not None:  # only when set, so the cache keys of runs with the model's own stay as they were
+        settings["tokenizer"] = run.tokenizer
     folder = Path(run_dir) / "conditions"
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -271,6 +274,7 @@ def _cut_from(reuse: xr.Dataset | None, spec: dict, settings: dict, tokens: dict
     a = reuse.attrs
     same = (a.get("model") == settings["model"] and a.get("corpus") == settings["corpus"]
             and a.get("revision") == settings["revision"] and a.get("rope_scaling") == settings["rope_scaling"]
+            and a.get("tokenizer") == settings.get("tokenizer")
             and str(a.get("dtype")) == str(settings["dtype"]) and int(a["seq_len"]) == spec["seq_len"]
             and int(a["bucket_size"]) == spec["seq_len"] // 16
             and float(a["samples_per_bucket"]) == float(settings["samples_per_bucket"])
@@ -304,6 +308,7 @@ def document_sums(capture: xr.Dataset, options: AnalysisOptions | None = None, *
     Returns ``(sums, counts, doc_ids, tau)``.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
+    capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
     fit = fitted_layout(capture, opt, dev)
     doc_ids, code = np.unique(capture["doc"].values, return_inverse=True)

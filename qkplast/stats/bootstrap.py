@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from qkplast._torch import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import closed_form_ap, summarize_profile
 from qkplast.stats.reweight import STATISTICS, reweighted_statistics, supports
 from qkplast.analysis.rotation import rotation_kernel
@@ -156,6 +157,7 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
     if n_docs < 2:
         raise ValueError(f"a bootstrap over documents needs at least two documents, the capture has {n_docs}")
     opt = AnalysisOptions.from_kwargs(options, **overrides)
+    capture = analysis_vectors(capture, opt)
     if method == "auto":
         method = "reweight" if supports(opt) else "exact"
     rng = np.random.default_rng(seed)

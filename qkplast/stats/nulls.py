@@ -34,6 +34,7 @@ import xarray as xr
 
 from qkplast._torch import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import plasticity_layout, query_model, rotate
 from qkplast.stats.decision import null_verdict
 
@@ -74,6 +75,7 @@ class _Setup:
     def __init__(self, capture, options, pairs_per_bucket, seed, positional_fit="global"):
         opt = AnalysisOptions.from_kwargs(options, positional_fit=positional_fit, covariance="diagonal",
                                           semantic_stats="per_bucket")
+        capture = analysis_vectors(capture, opt)
         dev = resolve_device(opt.device)
         lay = plasticity_layout(capture, opt, dev, warn=False)
         _, qr, kr = rotate(as_f64(capture["q"], dev), as_f64(capture["k"], dev), lay.t)

@@ -44,6 +44,7 @@ import xarray as xr
 from qkplast._torch import as_f64, resolve_device
 from qkplast.analysis.linalg import householder_vector
 from qkplast.options import AnalysisOptions
+from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import bucket_weights, edge_masks, plasticity_layout
 
 _SQRT1_2 = 1 / math.sqrt(2)
@@ -248,6 +249,7 @@ def reweighted_statistics(capture: xr.Dataset, weights: np.ndarray, options: Ana
     ndarray ``[replicate, statistic]`` (means over heads, NaN-aware).
     """
     opt = options or AnalysisOptions()
+    capture = analysis_vectors(capture, opt)
     if not supports(opt):
         raise ValueError("reweighting supports covariance='diagonal', semantic_stats='per_bucket', "
                          "positional_fit='global', query_position='midpoint', pair_docs='same'; "

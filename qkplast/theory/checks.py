@@ -438,11 +438,13 @@ def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
 
     from qkplast._torch import as_f64, resolve_device
     from qkplast.analysis.linalg import householder_apply, householder_vector
+    from qkplast.analysis.views import analysis_vectors
     from qkplast.options import AnalysisOptions
     from qkplast.analysis.plasticity import plasticity_layout, query_model
     from qkplast.analysis.moments import slope
 
     opt = AnalysisOptions.from_kwargs(None, **options)
+    capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
     sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
     lay = plasticity_layout(sub, opt, dev, warn=False)
