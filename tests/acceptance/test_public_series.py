@@ -42,7 +42,8 @@ from hub_fixtures import long_corpus, save_to_hub_cache, tiny_model, tiny_tokeni
 from qkplast.capture.models import split_revision  # noqa: E402
 from qkplast.capture.plan import plan_capture  # noqa: E402
 from qkplast.io import open_capture, open_dataset  # noqa: E402
-from qkplast.pipeline.study import execute_run, load_study  # noqa: E402
+from qkplast.pipeline.study import execute_run  # noqa: E402
+from qkplast.rundir.study_file import load_study  # noqa: E402
 
 pytestmark = pytest.mark.acceptance
 

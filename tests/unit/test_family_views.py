@@ -164,7 +164,7 @@ def test_bad_tokenizer_specs_are_one_line_errors(tmp_path, monkeypatch):
 
 
 def test_study_entries_accept_the_tokenizer(tmp_path):
-    from qkplast.pipeline.study import parse_study
+    from qkplast.rundir.study_file import parse_study
 
     study = parse_study({"name": "s", "defaults": {"tokenizer": "owner/base@abc"},
                          "models": [{"id": "owner/ckpts@step-1"}, {"id": "owner/other", "tokenizer": None}]},

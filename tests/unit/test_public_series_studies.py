@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from qkplast.pipeline.study import load_study
+from qkplast.rundir.study_file import load_study
 from qkplast.results.crossrun import is_checkpoint_series
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
