@@ -171,7 +171,10 @@ class TrainConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            object.__setattr__(self, f.name, typed_option(type(self), f.name, getattr(self, f.name)))
+            try:
+                object.__setattr__(self, f.name, typed_option(type(self), f.name, getattr(self, f.name)))
+            except QkplastError as exc:
+                raise TrainConfigError(f"training setting {str(exc).removeprefix('option ')}") from None
         object.__setattr__(self, "arms", tuple(str(a) for a in self.arms))
         for message in _problems(self):
             raise TrainConfigError(message)
@@ -271,7 +274,7 @@ def _problems(c: TrainConfig) -> list[str]:
 PRESETS = {
     "default": TrainConfig(),
     "smoke": TrainConfig(layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32, ffn=128, vocab_size=1024,
-                         max_docs=60, heldout_every=10, window=64, steps=60, batch=8, lr=1e-2, warmup=6,
+                         max_docs=60, heldout_every=10, window=64, steps=100, batch=8, lr=5e-3, warmup=10,
                          checkpoints=3, first_checkpoint=0.1, ext_steps=8, ext_lr=3e-3, ext_warmup=1,
                          ext_checkpoints=2, ext_first_checkpoint=0.25, seeds=2, workers=1, resume_every=10),
 }

@@ -7,7 +7,12 @@ Made once per training directory (``DIR/data/``, ``DIR/tokenizer/``) before any 
 * ``chunks.npy`` ``[chunk, ext_window]``: consecutive, non-overlapping windows of the training documents that
   hold at least ``ext_window`` tokens, each inside one document (the extension's long-context data);
 * ``heldout.jsonl``: the held-out documents of at least ``ext_window`` tokens, a corpus for
-  :func:`qkplast.capture.corpus.open_corpus`; ``heldout.npy`` ``[doc, ext_window]`` their first windows.
+  :func:`qkplast.capture.corpus.open_corpus` (the captures); ``heldout.npy`` ``[doc, ext_window]`` their first
+  windows;
+* ``heldout_stream.npy`` ``[window, ext_window]``: every held-out document packed as stage A packs the training
+  documents, cut into windows: the evaluation windows, whose positions are not tied to the start of a document
+  (a document's first tokens, titles and labels, are easier or harder than its body for reasons that have
+  nothing to do with context).
 
 Which step sees which windows is a pure function of the seed and the step (:func:`batch_windows`), so a
 resumed training reads exactly the batches it would have read.
@@ -40,6 +45,7 @@ class TokenData:
     stream: np.ndarray  # [token] packed training documents
     chunks: np.ndarray  # [chunk, ext_window] single-document windows
     heldout: np.ndarray  # [doc, ext_window] first windows of the held-out documents
+    heldout_stream: np.ndarray  # [window, ext_window] the held-out documents packed and cut
     eot: int
 
     def windows(self, length: int) -> np.ndarray:
@@ -86,6 +92,8 @@ def prepare_data(config: TrainConfig, out: Path, progress: bool = True) -> None:
     np.save(data / "stream.npy", stream)
     np.save(data / "chunks.npy", np.concatenate(chunks))
     np.save(data / "heldout.npy", np.stack([ids[:L] for _, ids in long_held]))
+    held_stream = np.concatenate([np.append(ids, eot) for ids in held_ids])
+    np.save(data / "heldout_stream.npy", held_stream[: len(held_stream) // L * L].reshape(-1, L))
     with open(data / "heldout.jsonl", "w") as f:
         for doc, _ in long_held:
             f.write(json.dumps({"id": doc.id, "text": doc.text}) + "\n")
@@ -99,7 +107,7 @@ def load_data(out: Path) -> TokenData:
     data = Path(out) / "data"
     eot = json.loads((data / "done.json").read_text())["eot"]
     load = lambda name: np.load(data / name, mmap_mode="r")  # noqa: E731
-    return TokenData(load("stream.npy"), load("chunks.npy"), load("heldout.npy"), int(eot))
+    return TokenData(load("stream.npy"), load("chunks.npy"), load("heldout.npy"), load("heldout_stream.npy"), int(eot))
 
 
 def batch_windows(n_windows: int, per_step: int, step: int, seed: int, stream: int) -> np.ndarray:
@@ -120,7 +128,7 @@ def batch_windows(n_windows: int, per_step: int, step: int, seed: int, stream: i
 def ngram_baselines(data: TokenData, vocab_size: int, ks=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0)) -> dict[str, float]:
     """Unigram and bigram entropies of the training tokens, in nats per token.
 
-    ``unigram``, ``bigram``: cross-entropies on the held-out windows of a unigram model (add-one counts) and of a
+    ``unigram``, ``bigram``: cross-entropies on the held-out evaluation windows of a unigram model (add-one counts) and of a
     bigram model interpolated with it, ``p(b | a) = (c(a, b) + k p(b)) / (c(a) + k)``, with the ``k`` of ``ks``
     that fits the held-out windows best (the strongest baseline of the family). ``unigram_plugin``,
     ``bigram_plugin``: the plug-in entropies ``H(X)`` and ``H(X_t | X_{t-1})`` of the training stream itself
@@ -131,7 +139,7 @@ def ngram_baselines(data: TokenData, vocab_size: int, ks=(0.01, 0.03, 0.1, 0.3, 
     uni = np.bincount(s, minlength=V).astype(np.float64)  # [V]
     pair = np.bincount(s[:-1] * V + s[1:], minlength=V * V).astype(np.float64)  # [V*V]
     p_uni = (uni + 1) / (uni.sum() + V)
-    h = np.asarray(data.heldout, np.int64)  # [doc, L]
+    h = np.asarray(data.heldout_stream, np.int64)  # [window, L]
     a, b = h[:, :-1].ravel(), h[:, 1:].ravel()
     c_ab, c_a = pair[a * V + b], pair.reshape(V, V).sum(1)[a]
     bigram = min(float(-np.mean(np.log((c_ab + k * p_uni[b]) / (c_a + k)))) for k in ks)

@@ -3,9 +3,10 @@
 For each checkpoint (seed, arm, step) and each window it is measured at (its own training window; a stage-A
 checkpoint also at the extension window), :func:`measure_checkpoint`
 
-* runs the model (eager attention) on the first window of each held-out document: the cross-entropy at every
-  position (does the model use its context: late positions below early ones?) and the attention mass the
-  queries put on the first token (the sink), averaged over layers, heads and query positions ``t >= 1``;
+* runs the model (eager attention) on held-out evaluation windows (the held-out documents packed and cut, so a
+  position in the window is not a position in a document): the cross-entropy at every position (does the model
+  use its context: late positions below early ones?) and the attention mass the queries put on the first token
+  (the sink), averaged over layers, heads and query positions ``t >= 1``;
 * captures the post-RoPE queries and keys of every head on held-out documents
   (:func:`qkplast.capture.driver.capture`, the model loaded by :func:`qkplast.capture.models.load_model`) and
   analyses them (:func:`qkplast.analyze`), keeping the means over heads of the thesis's quantities.
@@ -31,7 +32,7 @@ from qkplast.train.hub import branches, hub_cache, repo_id, snapshot
 from qkplast.train.model import quiet_loading
 
 __all__ = ["MeasureSettings", "READING_COLUMNS", "checkpoint_rows", "checkpoint_table", "locate", "measure_checkpoint",
-           "position_profile", "seed_readings"]
+           "position_bins", "position_profile", "seed_readings"]
 
 #: Per-head quantities kept as their mean over heads (columns of :func:`checkpoint_table`).
 HEAD_MEANS = {
@@ -61,15 +62,12 @@ class MeasureSettings:
     samples_per_bucket : float
         Expected captured positions per bucket and document (8; 16 buckets per window: 32 queries a bucket).
     eval_windows : int
-        Held-out windows of the loss and sink measurement (8).
-    position_bins : int
-        Equal bins of position for the stored loss profile (16).
+        Held-out evaluation windows of the loss and sink measurement (32).
     """
 
     docs: int = 4
     samples_per_bucket: float = 8.0
-    eval_windows: int = 8
-    position_bins: int = 16
+    eval_windows: int = 32
 
     def capture_options(self, out, model: str, window: int) -> CaptureOptions:
         bucket = window // 16
@@ -108,7 +106,7 @@ def position_profile(model, windows: np.ndarray) -> tuple[np.ndarray, float]:
     losses, sinks = [], []
     try:
         with torch.no_grad():
-            for ids in np.asarray(windows, np.int64):
+            for ids in np.array(windows, np.int64):  # a copy: the windows may be a read-only memory map
                 x = torch.from_numpy(ids)[None]  # [1, L]
                 out = model(input_ids=x, output_attentions=True)
                 logp = torch.log_softmax(out.logits[0, :-1].double(), -1)  # [L-1, V]
@@ -120,8 +118,12 @@ def position_profile(model, windows: np.ndarray) -> tuple[np.ndarray, float]:
     return np.mean(losses, 0), float(np.mean(sinks))
 
 
-def _bin_means(values: np.ndarray, bins: int) -> list[float]:
-    return [float(v.mean()) for v in np.array_split(values, bins)]
+def position_bins(window: int) -> list[int]:
+    """Edges of the loss-by-position bins: powers of two, ``[1, 2), [2, 4), ...``, the last ending at ``window - 1``."""
+    edges = [1]
+    while edges[-1] * 2 < window - 1:
+        edges.append(edges[-1] * 2)
+    return edges + [window - 1]
 
 
 def measure_checkpoint(out, seed: int, branch: str, window: int, settings: MeasureSettings = MeasureSettings(),
@@ -137,9 +139,9 @@ def measure_checkpoint(out, seed: int, branch: str, window: int, settings: Measu
     options = settings.capture_options(out, str(path), window)
     with quiet_loading():
         loaded = load_model(str(path), device="cpu", dtype="float32", seq_len=window, local_files_only=True)
-    held = load_data(out).heldout[: settings.eval_windows, :window]
-    loss, sink = position_profile(loaded.model, held)
-    edge = max(1, round(0.2 * len(loss)))
+    held = load_data(out).heldout_stream[: settings.eval_windows, :window]
+    loss, sink = position_profile(loaded.model, held)  # loss[i]: the prediction of token i + 1 from tokens 0..i
+    edges = position_bins(window)
     cap = capture(loaded.model, loaded.tokenizer, open_corpus(options.corpus), None, options, progress=False,
                   model_info=loaded.info)
     with warnings.catch_warnings():
@@ -147,8 +149,9 @@ def measure_checkpoint(out, seed: int, branch: str, window: int, settings: Measu
         metrics = analyze(cap, analysis)
     row = {name: float(np.nanmean(fn(metrics).values)) for name, fn in HEAD_MEANS.items()}
     row.update(share_position_dominated=float(np.mean(metrics.taxonomy.values == "position-dominated")),
-               sink_mass=sink, loss=float(loss.mean()), loss_first20=float(loss[:edge].mean()),
-               loss_last20=float(loss[-edge:].mean()), loss_by_position=_bin_means(loss, settings.position_bins),
+               sink_mass=sink, loss=float(loss.mean()), loss_early=float(loss[:7].mean()),
+               loss_late=float(loss[(window - 1) // 2:].mean()),
+               loss_by_position=[float(loss[a - 1:b - 1].mean()) for a, b in zip(edges[:-1], edges[1:])],
                heads=int(metrics.sizes["head"]), commit=loaded.info.get("commit"))
     return row
 
@@ -165,7 +168,7 @@ def checkpoint_table(out, config: TrainConfig, training: dict, settings: Measure
     out = Path(out)
     rows = checkpoint_rows(config, training)
     measured = []
-    for r in tqdm(rows.itertuples(), total=len(rows), desc="checkpoints", disable=not progress):
+    for r in tqdm(rows.itertuples(), total=len(rows), desc="checkpoints", disable=not progress, mininterval=20):
         commit = branches(hub_cache(out), repo_id(r.seed))[r.branch]
         key = {"commit": commit, "window": int(r.window), "settings": settings.__dict__,
                "analysis": analysis.result_key()}
@@ -214,12 +217,13 @@ def seed_readings(table: pd.DataFrame, readings: dict, level: float = 0.95) -> p
                      "to": "{}@{:.0%} ({})".format(*r["to"]), "claim": r.get("claim"), "margin": r.get("margin"),
                      "estimate": float(t["estimate"]), "lo": float(t["lo"]), "hi": float(t["hi"]),
                      "p": float(t["p"]), "seeds": int(t["n"])})
+    directional = [i for i, r in enumerate(rows) if r["claim"] in ("greater", "less")]
+    adjusted = holm([rows[i]["p"] for i in directional])
+    for i, row in enumerate(rows):
+        row["p_holm"] = float(adjusted[directional.index(i)]) if i in directional else np.nan
+        claim, margin = row["claim"], row["margin"]
+        row["verdict"] = "" if claim is None else verdict(
+            row["estimate"], row["lo"], row["hi"], None if claim == "equivalent" else row["p_holm"], claim=claim,
+            margin=margin)
     out = pd.DataFrame(rows).set_index("reading")
-    directional = out.claim.isin(["greater", "less"])
-    out["p_holm"] = np.nan
-    out.loc[directional, "p_holm"] = holm(out.loc[directional, "p"].values)
-    out["verdict"] = [
-        "" if r.claim is None else verdict(r.estimate, r.lo, r.hi, None if r.claim == "equivalent" else r.p_holm,
-                                           claim=r.claim, margin=None if pd.isna(r.margin) else r.margin)
-        for r in out.itertuples()]
     return out[READING_COLUMNS]

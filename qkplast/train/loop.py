@@ -82,7 +82,7 @@ def train_arm(config: TrainConfig, out, seed: int, arm: str, report=None) -> dic
             tokens_since += x.numel()
             if run.step % config.log_every == 0 or run.step == total:
                 elapsed = time.perf_counter() - tic
-                run.log.append({"step": run.step, "loss": float(loss), "tokens_per_s": tokens_since / elapsed})
+                run.log.append({"step": run.step, "loss": loss.item(), "tokens_per_s": tokens_since / elapsed})
                 tic, tokens_since = time.perf_counter(), 0
             if report is not None:
                 report(x.numel())
