@@ -62,12 +62,16 @@ class MeasureSettings:
     samples_per_bucket : float
         Expected captured positions per bucket and document (8; 16 buckets per window: 32 queries a bucket).
     eval_windows : int
-        Held-out evaluation windows of the loss and sink measurement (32).
+        Held-out evaluation windows of the loss by position (16).
+    sink_windows : int
+        The first of them that give the attention mass on token 0 (4; an eager pass, which keeps every
+        attention weight, so it is the costly part).
     """
 
     docs: int = 4
     samples_per_bucket: float = 8.0
-    eval_windows: int = 32
+    eval_windows: int = 16
+    sink_windows: int = 4
 
     def capture_options(self, out, model: str, window: int) -> CaptureOptions:
         bucket = window // 16
@@ -93,29 +97,30 @@ def checkpoint_rows(config: TrainConfig, training: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def position_profile(model, windows: np.ndarray) -> tuple[np.ndarray, float]:
+def position_profile(model, windows: np.ndarray, sink_windows: int | None = None) -> tuple[np.ndarray, float]:
     """Cross-entropy at each position ``[L - 1]`` (mean over windows) and the mean attention mass on token 0.
 
-    The model runs with eager attention so that its attention weights are returned; the sink mass averages
-    ``A[layer, head, t, 0]`` over layers, heads and query positions ``t >= 1`` (position 0 attends only to itself).
+    The loss comes from the model's own kernel on every window; the sink mass from an eager pass (which returns
+    the attention weights) over the first ``sink_windows`` windows (None: all), averaging
+    ``A[layer, head, t, 0]`` over layers, heads and query positions ``t >= 1`` (position 0 attends only to
+    itself). The eager pass holds every layer's ``[head, L, L]`` weights, so it is kept to a few windows.
     """
     import torch
 
-    before = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    losses, sinks = [], []
-    try:
-        with torch.no_grad():
-            for ids in np.array(windows, np.int64):  # a copy: the windows may be a read-only memory map
-                x = torch.from_numpy(ids)[None]  # [1, L]
-                out = model(input_ids=x, output_attentions=True)
-                logp = torch.log_softmax(out.logits[0, :-1].double(), -1)  # [L-1, V]
-                losses.append(-logp.gather(1, x[0, 1:, None]).squeeze(1).numpy())
-                attn = torch.stack(out.attentions)[:, 0]  # [layer, head, L, L]
-                sinks.append(float(attn[:, :, 1:, 0].double().mean()))
-    finally:
-        model.set_attn_implementation(before)
-    return np.mean(losses, 0), float(np.mean(sinks))
+    ids = torch.from_numpy(np.array(windows, np.int64))  # [window, L]; a copy: the windows may be a read-only map
+    losses = []
+    with torch.no_grad():
+        for x in ids.split(4):  # x: [4, L], four windows a forward
+            logp = torch.log_softmax(model(input_ids=x).logits[:, :-1].double(), -1)  # [4, L-1, V]
+            losses.append(-logp.gather(2, x[:, 1:, None]).squeeze(2).numpy())  # [4, L-1]
+        before = model.config._attn_implementation
+        model.set_attn_implementation("eager")
+        try:
+            sinks = [float(torch.stack(model(input_ids=x, output_attentions=True).attentions)[:, 0, :, 1:, 0]
+                           .double().mean()) for x in ids[:sink_windows, None]]  # attentions: [layer, 1, head, L, L]
+        finally:
+            model.set_attn_implementation(before)
+    return np.concatenate(losses).mean(0), float(np.mean(sinks))
 
 
 def position_bins(window: int) -> list[int]:
@@ -140,7 +145,7 @@ def measure_checkpoint(out, seed: int, branch: str, window: int, settings: Measu
     with quiet_loading():
         loaded = load_model(str(path), device="cpu", dtype="float32", seq_len=window, local_files_only=True)
     held = load_data(out).heldout_stream[: settings.eval_windows, :window]
-    loss, sink = position_profile(loaded.model, held)  # loss[i]: the prediction of token i + 1 from tokens 0..i
+    loss, sink = position_profile(loaded.model, held, settings.sink_windows)  # loss[i]: token i + 1 from tokens 0..i
     edges = position_bins(window)
     cap = capture(loaded.model, loaded.tokenizer, open_corpus(options.corpus), None, options, progress=False,
                   model_info=loaded.info)

@@ -22,6 +22,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from qkplast.train.config import TrainConfigError
+
 __all__ = ["OWNER", "branch_name", "branches", "hub_cache", "publish", "repo_id", "snapshot"]
 
 OWNER = "qkplast"
@@ -97,7 +99,5 @@ def snapshot(cache: Path, repo: str, branch: str) -> Path:
     """The snapshot directory ``branch`` of ``repo`` points to (a checkpoint directory transformers loads)."""
     commit = branches(cache, repo).get(branch)
     if commit is None:
-        from qkplast.train.config import TrainConfigError
-
         raise TrainConfigError(f"no branch {branch!r} of {repo!r} in {cache}; train it first (qkplast train)")
     return _repo_dir(cache, repo) / "snapshots" / commit
