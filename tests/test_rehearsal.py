@@ -196,7 +196,7 @@ def cli_run(hub, tmp_path_factory):
     argv = ["run", "--model", f"{repo_id('qwen3')}@{BRANCH}", "--seq-len", str(CLI_SEQ_LEN),
             "--bucket-size", str(CLI_SEQ_LEN // 16), "--rope-scaling", "yarn:4:32768", "--corpus", str(corpus),
             "--docs", "2", "--short-docs", "skip", "--device", "cpu", "-p", "code_corpus", str(corpus),
-            "-p", "n_boot", "200", "--out", str(out), "--no-progress"]
+            "-p", "n_boot", "200", "-p", "training", "smoke", "--out", str(out), "--no-progress"]
     dry = _qkplast(argv + ["--dry-run"], cache, 600)
     staged = _qkplast(argv + ["--stage", "analyze"], cache, 1800)
     return argv, out, dry, staged

@@ -19,6 +19,7 @@ from qkplast.errors import QkplastError
 from qkplast.options import AnalysisOptions
 from qkplast.pipeline.cli_capture import add_capture_flags, add_capture_parser, add_plan_flags, add_plan_parser, add_prepare_parser
 from qkplast.pipeline.cli_study import add_study_parser
+from qkplast.pipeline.cli_train import add_train_parser
 from qkplast.pipeline.flags import add_option_flags, given_options
 from qkplast.rundir.directory import STAGES
 
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prepare_parser(sub)
     add_capture_parser(sub)
     add_study_parser(sub)
+    add_train_parser(sub)
 
     add_plan_parser(sub)
 

@@ -31,9 +31,8 @@ __all__ = ["CODE_CORPUS", "RunResult", "analyze_stage", "capture_stage", "check_
 
 #: Corpus of the code capture that notebook 09 sets beside the prose (its ``code_corpus`` parameter).
 CODE_CORPUS = "stdlib-code"
-#: the default run's slowest notebooks, slowest first (measured: 12 ~280 s, 13 ~140 s, 07 ~80 s on 2 cores); with
-#: jobs > 1 they start first and the others run beside them
-SLOW_FIRST = ("12_interventions", "13_open_questions", "07_corrections")
+#: the default run's slowest notebooks, slowest first; with jobs > 1 they start first and the others run beside them
+SLOW_FIRST = ("12_interventions", "10_results_training", "13_open_questions", "07_corrections")
 
 
 @dataclass
