@@ -1,4 +1,4 @@
-"""stats.verdict and stats.intervals: the one verdict rule, Holm's adjustment and the t interval over units."""
+"""stats.decision and stats.intervals: the one verdict rule, Holm's adjustment and the t interval over units."""
 
 import numpy as np
 import pytest
