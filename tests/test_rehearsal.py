@@ -197,7 +197,7 @@ def readme_commands(section: str = THESIS_SECTION, program: str = "qkplast run")
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words[:len(program.split())] == program.split():
-                commands.append(words[len(program.split()):])
+                commands.append(words[1:])  # the arguments of `qkplast`, the subcommand first
     return commands
 
 

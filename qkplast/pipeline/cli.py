@@ -103,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  overwrite=args.overwrite, progress="lines" if args.progress_lines else not args.no_progress,
                  jobs=args.jobs, memory_check=not args.no_memory_check, device_memory_gb=args.device_memory_gb)
     m = result.manifest
-    print(f"{args.stage} stage done for {capture.model!r} in {sum(m['timings_s'].values()):.0f} s "
+    print(f"{args.stage} stage done for {capture.model!r} in {sum(v for k, v in m['timings_s'].items() if ':' not in k):.0f} s "
           f"({len(m['notebooks'])} notebooks); outputs in {result.run_dir}")
     return 0
 

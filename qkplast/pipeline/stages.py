@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from qkplast._torch import release_gpu_memory
 from qkplast._version import package_versions
 from qkplast.capture.plan import CodeCapture
 from qkplast.errors import QkplastError
@@ -156,19 +157,25 @@ def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | 
     return len(models)
 
 
-def analyze_stage(targets, analysis: AnalysisOptions, n_boot: int | None) -> None:
+def analyze_stage(targets, analysis: AnalysisOptions, n_boot: int | None, timings: dict | None = None) -> None:
     """Metrics of every capture and, with ``n_boot``, its document bootstrap.
 
     The notebooks' bootstrap (07 and 08 on the run, 09 on the code) is made once here: two notebooks running
     at once (``jobs > 1``) would each compute it.
     """
+    timings = {} if timings is None else timings
     for run_dir, _, optional in targets:
         if optional and not (run_dir / "capture.nc").exists():
             continue  # a code capture that was left out
         captured = open_capture(run_dir / "capture.nc")
+        label = "run" if run_dir == targets[0].run_dir else run_dir.name  # the run, code, or a checkpoint
+        t0 = time.perf_counter()
         load_or_analyze(run_dir, captured, analysis)
+        timings[f"analyze:{label}"] = round(time.perf_counter() - t0, 2)
         if n_boot and len(set(captured.doc.values.tolist())) >= 2:
+            t0 = time.perf_counter()
             load_or_bootstrap(run_dir, captured, analysis, n_boot)
+            timings[f"bootstrap:{label}"] = round(time.perf_counter() - t0, 2)
 
 
 def _source_digest(path: Path) -> str:
@@ -358,8 +365,9 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
 
     t0 = time.perf_counter()
     n_boot = int(parameters.get("n_boot", DEFAULT_REPLICATES)) if stage == "notebooks" else None
-    analyze_stage(targets, analysis, n_boot)
+    analyze_stage(targets, analysis, n_boot, manifest["timings_s"])
     _timed(manifest, "analyze", t0)
+    release_gpu_memory()  # the analyses' cached GPU blocks, before a notebook kernel loads the model
     write_manifest(out, manifest)
     if stage == "analyze":
         return _finish(out, manifest)
