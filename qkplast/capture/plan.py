@@ -225,10 +225,11 @@ class CapturePlan:
     kernel_problem: str | None = None
     logits_gb: float = 0.0
     gpus: int = 1
+    length_problem: str | None = None
 
     def problems(self) -> list[str]:
         """One line per reason the capture cannot run as planned."""
-        found = []
+        found = [self.length_problem] if self.length_problem else []
         if self.kernel_problem:
             found.append(self.kernel_problem)
         if self.windows is not None and self.windows_wanted is not None and self.windows < self.windows_wanted:
@@ -404,7 +405,8 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
     """
     from qkplast.capture.corpus import open_corpus_for
     from qkplast.capture.architecture import layout_from_config
-    from qkplast.capture.models import MULTI_GPU, load_config, load_tokenizer, resolve_dtype, split_revision
+    from qkplast.capture.models import (MULTI_GPU, ModelError, check_seq_len, load_config, load_tokenizer, resolve_dtype,
+                                        split_revision)
     from qkplast.capture.sampling import sample_heads
 
     name, revision = split_revision(options.model, options.revision)
@@ -413,6 +415,11 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
     options = _resolve_lengths(options, config)
     device = _planned_device(options.device)
     dtype = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
+    try:
+        check_seq_len(config, options.seq_len, rope_scaling=info["rope_scaling"])
+        length_problem = None
+    except ModelError as exc:
+        length_problem = str(exc)
     layout = layout_from_config(config)
     heads = sample_heads(layout, options.heads, options.seed)
     windows = None
@@ -447,6 +454,7 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
         kernel_problem=_kernel_problem(options, config, device, dtype),
         logits_gb=logits_gb,
         gpus=spread,
+        length_problem=length_problem,
     )
 
 
@@ -460,8 +468,14 @@ def _planned_device(device: str) -> str:
     """The device a plan is for: ``auto`` is CUDA when a GPU is visible; a named device need not exist here."""
     import torch
 
+    from qkplast.capture.models import ModelError, primary_device
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(primary_device(device))
+    except RuntimeError as exc:
+        raise ModelError(f"bad device {device!r}: {str(exc).splitlines()[0]}") from None
     return device
 
 

@@ -60,10 +60,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    options = AnalysisOptions(**given_options(AnalysisOptions, args))  # bad option values before reading any file
     capture = open_capture(args.capture)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        metrics = analyze(capture, AnalysisOptions(**given_options(AnalysisOptions, args)))
+        metrics = analyze(capture, options)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     save_dataset(metrics, out, overwrite=args.overwrite)

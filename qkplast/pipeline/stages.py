@@ -108,12 +108,23 @@ def check_memory(options: CaptureOptions, device_memory_gb: float | None = None)
         raise PlanError(f"{problem}; or pass --no-memory-check to try anyway")
 
 
+def check_before_weights(target: Target, memory_check: bool = True, device_memory_gb: float | None = None) -> None:
+    """Every check of one capture that needs no weights: same settings as a capture already there, and, when it
+    is still to be made, the corpus filling the windows and (unless ``memory_check`` is False) the memory plan."""
+    check_same_capture(target.run_dir, target.options)
+    if not (target.run_dir / "capture.nc").exists():
+        check_windows(target.options)
+        if memory_check:
+            check_memory(target.options, device_memory_gb)
+
+
 def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | None = None, *,
-                  memory_check: bool = True, device_memory_gb: float | None = None) -> int:
+                  memory_check: bool = True, device_memory_gb: float | None = None, checked=()) -> int:
     """Every missing capture, one load per model (released before the next and before returning).
 
     The corpora and (unless ``memory_check`` is False) the planned peak memory are checked (config and
-    tokenizer only) before any weights load. An optional target (the code capture)
+    tokenizer only) before any weights load (:func:`check_before_weights`; not again for the run directories
+    in ``checked``). An optional target (the code capture)
     that fails is left out and its error recorded in ``skipped`` (run directory -> message); any other
     failure is raised. Returns the number of model loads.
     """
@@ -131,13 +142,9 @@ def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | 
             print(f"[qkplast run] {skipped[target.run_dir]}", file=sys.stderr, flush=True)
 
     for target in targets:
-        attempt(target, lambda: check_same_capture(target.run_dir, target.options))
+        if target.run_dir not in checked:
+            attempt(target, lambda: check_before_weights(target, memory_check, device_memory_gb))
     missing = [t for t in targets if t.run_dir not in skipped and not (t.run_dir / "capture.nc").exists()]
-    for target in missing:
-        attempt(target, lambda: check_windows(target.options))
-        if memory_check and target.run_dir not in skipped:
-            attempt(target, lambda: check_memory(target.options, device_memory_gb))
-    missing = [t for t in missing if t.run_dir not in skipped]
     models = list(dict.fromkeys((t.options.model, t.options.revision) for t in missing))
     for model in models:
         group = [t for t in missing if (t.options.model, t.options.revision) == model]
@@ -344,6 +351,7 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
 
         manifest["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     write_manifest(out, {**previous, **manifest})
+    check_before_weights(Target(out, capture), memory_check, device_memory_gb)  # the run's own first, in seconds
     code = code_capture(out, capture, parameters, previous)
     manifest["code"] = {"corpus": parameters.get("code_corpus", CODE_CORPUS), "main": capture.result_key(),
                         **code.to_dict()}
@@ -354,7 +362,8 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
 
     t0 = time.perf_counter()
     skipped = {}
-    capture_stage(targets, analysis, progress, skipped, memory_check=memory_check, device_memory_gb=device_memory_gb)
+    capture_stage(targets, analysis, progress, skipped, memory_check=memory_check, device_memory_gb=device_memory_gb,
+                  checked={out})
     _timed(manifest, "capture", t0)
     if out / CODE_DIR in skipped:
         manifest["code"].update(status="failed", note=skipped[out / CODE_DIR])

@@ -163,6 +163,11 @@ def ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOpt
     path = run_dir / "capture.nc"
     if not path.exists():
         run_capture(options, path, progress=progress, loaded=loaded)
+    leftover = run_dir / "capture.nc.parts"
+    if leftover.is_dir():  # a capture killed after writing its (atomic) file, before clearing its parts
+        import shutil
+
+        shutil.rmtree(leftover)
     manifest = read_manifest(run_dir) or {}
     if "capture" not in manifest:
         attrs = open_dataset(path).attrs
