@@ -174,6 +174,12 @@ _CAPTURE = textwrap.dedent(
         print("final-written", flush=True)
         time.sleep(pause)
     driver.save_capture = save_then_pause
+    part_pause = float(sys.argv[5])
+    save_part = driver.PartStore.save
+    def slow_part(self, *args):  # holds the output for a while, so a second writer meets it mid-capture
+        save_part(self, *args)
+        time.sleep(part_pause)
+    driver.PartStore.save = slow_part
     options = CaptureOptions(model=sys.argv[1], corpus="pydoc-topics", short_docs="concat", seq_len=64, bucket_size=16,
                              samples_per_bucket=2, heads=5, docs=int(sys.argv[4]))
     try:
@@ -186,30 +192,40 @@ _CAPTURE = textwrap.dedent(
 )
 
 
-def _start(model_dir, out, pause=0.0, docs=12):
+def _start(model_dir, out, pause=0.0, docs=12, part_pause=0.0):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", _CAPTURE, str(model_dir), str(out), str(pause), str(docs)],
+    return subprocess.Popen([sys.executable, "-c", _CAPTURE, str(model_dir), str(out), str(pause), str(docs),
+                             str(part_pause)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+_HOLD = "import sys, time\nfrom pathlib import Path\nfrom qkplast.capture.resume import output_lock\n" \
+        "with output_lock(Path(sys.argv[1])):\n    print('locked', flush=True)\n    time.sleep(600)\n"
 
 
 @pytest.mark.integration
 def test_two_captures_into_one_output_never_write_it_both(model_dir, tmp_path):
+    """A capture holds its output's lock from its first check to its last write; a second one started meanwhile
+    (here against a process holding the lock the way a running capture does) is refused in one line and writes
+    nothing; once the first is gone, the output is captured whole."""
     from qkplast.io import open_capture, validate_capture
 
     out = tmp_path / "cap.nc"
-    first = _start(model_dir, out, pause=3.0)
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "cap.nc.parts").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    second = _start(model_dir, out)
-    second_out, second_err = second.communicate(timeout=300)
-    first_out, first_err = first.communicate(timeout=600)
-    assert first.returncode == 0, first_err[-2000:]
-    assert second.returncode == 3 and "another capture is writing" in second_out, (second_out, second_err[-2000:])
-    cap = validate_capture(open_capture(out))
-    assert cap.attrs["n_docs"] == 12 and not (tmp_path / "cap.nc.parts").exists()
-    again = _start(model_dir, out)  # once the first is done, a new writer is refused by the file, not the lock
-    assert again.wait(timeout=300) == 3 and "exists" in again.stdout.read()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        second = _start(model_dir, out, docs=4)
+        second_out, second_err = second.communicate(timeout=600)
+        assert second.returncode == 3 and "another capture is writing" in second_out, (second_out, second_err[-2000:])
+        assert f"pid {holder.pid}" in second_out  # names who holds it
+        assert not out.exists() and not (tmp_path / "cap.nc.parts").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    third = _start(model_dir, out, docs=4)  # the lock died with its holder: nothing stale to clear
+    assert third.wait(timeout=600) == 0, third.stderr.read()[-2000:]
+    assert validate_capture(open_capture(out)).attrs["n_docs"] == 4
 
 
 @pytest.mark.integration
