@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 import textwrap
@@ -36,6 +34,7 @@ import pytest
 import torch
 
 from hub_fixtures import BRANCH, long_corpus, make_hub, repo_id
+from readme_commands import readme_commands, substitute
 from qkplast.capture.corpus import iter_windows, open_corpus
 from qkplast.io import open_capture, validate_capture
 from qkplast.options import CaptureOptions
@@ -179,38 +178,6 @@ def test_architectures_from_hub_revisions_beyond_the_kernel_limit(arch, hub, hub
     loaded = load_model(options.model)
     window = next(iter_windows(open_corpus(str(corpus)), loaded.tokenizer, 32768, short_docs="skip"))
     assert _layer0_late_logits(ds, loaded, window, span=4096) > 5
-
-
-README = ROOT / "README.md"
-#: The README section whose commands this file runs as written.
-THESIS_SECTION = "### At the thesis's scale, on a GPU"
-
-
-def readme_commands(section: str = THESIS_SECTION, program: str = "qkplast run") -> list[list[str]]:
-    """The ``program`` commands of a README section's bash blocks, as argument lists (continuations joined,
-    comments dropped)."""
-    text = README.read_text()
-    body = text[text.index(section) + len(section):]
-    body = body[:body.index("\n### ")] if "\n### " in body else body
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", body, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words[:len(program.split())] == program.split():
-                commands.append(words[1:])  # the arguments of `qkplast`, the subcommand first
-    return commands
-
-
-def substitute(argv: list[str], **values) -> list[str]:
-    """``argv`` with the value of each ``--flag`` named in ``values`` (``model=...`` for ``--model``) replaced."""
-    out, seen = list(argv), set()
-    for i, word in enumerate(out[:-1]):
-        name = word.removeprefix("--").replace("-", "_")
-        if word.startswith("--") and name in values:
-            out[i + 1] = str(values[name])
-            seen.add(name)
-    assert seen == set(values), f"the README command lacks {sorted(set(values) - seen)}: {argv}"
-    return out
 
 
 def _qkplast(argv, cache, timeout):
