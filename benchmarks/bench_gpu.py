@@ -32,7 +32,8 @@ Then run it on the device (the ``run`` tool of this workplace; ``carry`` the whe
         "PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 benchmarks/bench_gpu.py "
         "2>&1 | tee $OUT/bench_gpu.log")
 
-``--selftest-cpu`` rehearses the same path here on the CPU with a tiny config of the same architecture at a
+``--estimate`` prints the expected wall time of a 500-document thesis capture per config from the measured
+seconds per window (no GPU). ``--selftest-cpu`` rehearses the same path here on the CPU with a tiny config of the same architecture at a
 16384-token window (a couple of minutes; the acceptance tier runs it).
 """
 
@@ -210,6 +211,42 @@ def make_corpus(path: Path, seq_len: int, docs: int) -> Path:
     return long_corpus(path, n_chars=int(seq_len * 2.2) + 10000, docs=docs)
 
 
+# --------------------------------------------------------------------------- wall time of a thesis capture
+
+#: Issue 23's measurement: Qwen3-8B's shape, one 131072-token window, one H200 (capture 1.01x a bare forward).
+MEASURED = {"config": "qwen3-8b", "seconds_per_window": 13.5, "card": "H200"}
+
+
+def window_flops(name: str, seq_len: int = 131072) -> float:
+    """FLOPs of one capture forward (no LM head): ``2 x matmul parameters x tokens`` plus causal attention,
+    ``2 x layers x tokens^2 x query heads x head_dim`` (QK^T and PV over the lower triangle)."""
+    import torch
+    import transformers as T
+
+    spec = dict(CONFIGS[name])
+    config = T.AutoConfig.for_model(spec.pop("model_type"), **spec)
+    with torch.device("meta"):
+        model = T.AutoModelForCausalLM.from_config(config)
+    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n
+                 and "lm_head" not in n)
+    n_q, d, layers = config.num_attention_heads, config.head_dim, config.num_hidden_layers
+    return 2 * matmul * seq_len + 2 * layers * seq_len**2 * n_q * d
+
+
+def estimate_wall_time(docs: int = 500) -> list[str]:
+    """Expected hours of a ``docs``-document thesis capture per embedded config on one GPU: the measured
+    seconds per window (:data:`MEASURED`) scaled by :func:`window_flops`."""
+    rate = window_flops(MEASURED["config"]) / MEASURED["seconds_per_window"]
+    lines = [f"measured: {MEASURED['config']} {MEASURED['seconds_per_window']} s/window on an {MEASURED['card']} "
+             f"-> {rate / 1e12:.0f} TFLOP/s effective"]
+    for name in (n for n in CONFIGS if n != "tiny"):
+        flops = window_flops(name)
+        seconds = flops / rate
+        lines.append(f"{name}: {flops / 1e15:.2f} PFLOP/window, {seconds:.1f} s/window, {docs} windows "
+                     f"{docs * seconds / 3600:.2f} h")
+    return lines
+
+
 # --------------------------------------------------------------------------- measuring
 
 
@@ -276,9 +313,14 @@ def main(argv=None) -> int:
     parser.add_argument("--docs", type=int, default=2, help="windows of the main capture (default: %(default)s)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/qkplast-bench-gpu"), help="hub cache, corpus, run")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S)
+    parser.add_argument("--estimate", action="store_true",
+                        help="print the expected wall time of a 500-document thesis capture per config (no GPU) and exit")
     args = parser.parse_args(argv)
     if args.prepare_wheels is not None:
         prepare_wheels(args.prepare_wheels)
+        return 0
+    if args.estimate:
+        print("\n".join(estimate_wall_time()))
         return 0
 
     t_start = time.perf_counter()
