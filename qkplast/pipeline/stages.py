@@ -246,7 +246,7 @@ def notebook_stage(out: Path, manifest: dict, parameters: dict, paths: list[Path
         todo.sort(key=lambda item: SLOW_FIRST.index(item[1].stem) if item[1].stem in SLOW_FIRST else len(SLOW_FIRST))
     failure = None
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
-        futures = {pool.submit(_execute_notebook, path, nb_out / path.name, nb_params, progress and jobs == 1,
+        futures = {pool.submit(_execute_notebook, path, nb_out / path.name, nb_params, progress is True and jobs == 1,
                                label(i, path) if progress else None): path for i, path, nb_params in todo}
         for future in as_completed(futures):
             path = futures[future]
@@ -311,8 +311,9 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
         Delete an existing run directory first; otherwise a rerun reuses what is
         finished (captures, analyses, notebooks whose source and parameters did
         not change) and refuses other capture or analysis settings.
-    progress : bool
-        Progress per document (with ETA) during the captures, per cell in the notebooks.
+    progress : bool or "lines"
+        Progress per document (with ETA) during the captures, per cell in the notebooks; ``"lines"``: plain
+        lines instead of bars (window k of n, seconds per window, ETA; one line per notebook), for log files.
     notebooks : list of Path, optional
         Notebooks to execute (default: every ``notebooks/NN_*.ipynb``).
     memory_check : bool

@@ -12,7 +12,10 @@ A study file names the runs::
 
 Keys of ``defaults`` and of a model entry are :class:`~qkplast.options.CaptureOptions` fields, plus
 ``analysis`` (:class:`~qkplast.options.AnalysisOptions` overrides), ``id``, ``name`` and, in an
-entry, ``resources`` (overrides of the study's). Parsing imports nothing that submits jobs: the
+entry, ``resources`` (overrides of the study's: :data:`RESOURCES`, SLURM's ``account``, ``qos``,
+``constraint``, ``gpu_type``, ``setup`` and ``sbatch`` among them). At the top, ``allow_floating: true``
+accepts revisions that are branch or tag names (:func:`is_pinned`; refused otherwise, naming the entry) and
+``parameters`` sets notebook parameters for every run. Parsing imports nothing that submits jobs: the
 submission (:mod:`qkplast.pipeline.study`) and the cross-run tables (:mod:`qkplast.results.crossrun`)
 both read studies from here. A finished run writes ``RUN/study-done.json`` (:func:`is_done`).
 """
