@@ -209,6 +209,14 @@ def scale(args) -> int:
     return 0 if ok else 1
 
 
+def measure_slope(arch: str, lengths=(8192, 32768), dtype: str = "float32", threads: int = 1) -> float:
+    """Bytes per token of a bare forward's peak RSS between two lengths, each in a fresh process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        peaks = [_run_child(["--arch", arch, "--seq-len", str(n), "--mode", "bare", "--threads", str(threads),
+                             "--repeats", "1", "--dtype", dtype], tmp)["above_start_mb"] for n in lengths]
+    return _slopes(list(lengths), peaks)[0]
+
+
 def kappa(args) -> int:
     from hub_fixtures import ARCHITECTURES, tiny_config
     from qkplast.capture.plan import live_elements_per_token

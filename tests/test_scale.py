@@ -377,3 +377,21 @@ def test_local_jobs_on_a_gpu_host_get_one_gpu_each(tmp_path, config_dir):
     dry = subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", "study", str(path), "--executor", "local",
                           "--dry-run", "--stage", "analyze"], env=env, capture_output=True, text=True, timeout=600)
     assert "wave 1: a (CUDA_VISIBLE_DEVICES=0), b (CUDA_VISIBLE_DEVICES=1)" in dry.stdout, dry.stdout + dry.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch, dtype", [("qwen3", "float32"), ("smollm3", "float32"), ("mllama", "float32"),
+                                         ("qwen3", "bfloat16")])
+def test_the_plan_is_within_15_percent_of_the_measured_peak_on_the_rehearsal_models(arch, dtype, tmp_path):
+    """The peak-RSS slope of a bare forward between 8192 and 32768 tokens (each length in a fresh process, as
+    ``benchmarks/bench_scale.py --kappa`` measures it) against the plan's activation bytes per token."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_scale
+
+    from hub_fixtures import tiny_config
+
+    measured = bench_scale.measure_slope(arch, (8192, 32768), dtype)
+    planned = activation_bytes_per_token(tiny_config(arch), dtype, "cpu")
+    assert 0.85 <= measured / planned <= 1.15, (arch, dtype, measured, planned)
