@@ -19,20 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import transformers as T
 
 from qkplast.pipeline.cli import main
-from test_capture import COMMON, tiny_tokenizer
+from test_capture_resume import model_dir  # noqa: F401  (the tiny Llama checkpoint, a module fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import yaml
 
 from hub_fixtures import make_hub, repo_id, save_to_hub_cache, tiny_tokenizer
 from qkplast.rundir.study_file import is_done, load_study
+from test_study import slurm  # noqa: F401  (the one-node SLURM cluster fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
@@ -144,25 +145,6 @@ def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stan
     assert ": ok (" in r.stdout  # validated before it was submitted
     run, manifest = _first_run_through_every_stage(path, stand_in_hub[2])
     print(f"{shipped.stem}: first run through every stage in {time.perf_counter() - t0:.0f} s")
-
-
-@pytest.fixture
-def slurm(tmp_path_factory):
-    from slurm_cluster import Cluster, ClusterError, missing_binaries
-
-    if os.geteuid() != 0:
-        pytest.skip("the SLURM daemons need root to start (slurmd runs jobs as their user)")
-    missing = missing_binaries()
-    if missing:
-        pytest.fail(f"SLURM test cluster: {missing} not installed (apt-get install slurm-wlm munge; .ci/run does)")
-    cluster = Cluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        cluster.stop()
-        pytest.fail(f"SLURM test cluster did not start: {exc}")
-    yield cluster
-    cluster.stop()
 
 
 @pytest.mark.acceptance
