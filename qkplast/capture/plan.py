@@ -27,7 +27,14 @@ and the corpus (tokenized, not run), and predicts
     kernels add only their O(seq_len x heads) log-sum-exp buffer (counted),
     and the CUDA context and allocator reserve add :data:`CUDA_OVERHEAD_GB`.
 
-:meth:`CapturePlan.check` refuses a plan whose kernel needs ``seq_len^2``
+In 16-bit models the float32 copies the norms make (and the q/k norms of Qwen3-like models) are counted
+where they would set the peak (:func:`upcast_bytes_per_token`); the forward passes that need logits
+(chapters 12 and 13, :mod:`qkplast.experiments.behavior`) run the LM head in chunks of
+:data:`LOGITS_CHUNK_BYTES` and are counted as the row ``logits pass`` (:func:`logits_pass_gb`); with
+``device="cuda:all"`` the weights are counted per GPU. :func:`size_code_capture` sizes the second capture a
+run makes (notebook 09's code) to what its corpus yields.
+
+:meth:`CapturePlan.check` refuses a plan whose window exceeds the (RoPE-scaled) config, whose kernel needs ``seq_len^2``
 memory (:mod:`qkplast.capture.kernel_guard`), whose corpus is too short, or whose peak
 exceeds the device's memory. ``str(plan)`` is a readable table.
 
