@@ -56,34 +56,51 @@ def output_lock(out: Path | None):
 
     A second capture into the same file, from this host or another sharing the file system, is refused
     at once with a one-line :class:`CaptureError` instead of writing parts or the file beside the first.
-    The lock is the operating system's (``flock``): a killed process releases it, so nothing stale is left
-    to clear. Nothing is locked when ``out`` is None.
+    The lock is the operating system's (``flock``): a killed process releases it. The lock file is removed
+    on release (a lock taken on a file already unlinked by its previous holder is retaken on the new one),
+    so a finished or failed capture leaves nothing beside its output. Nothing is locked when ``out`` is None.
     """
     if out is None:
         yield
         return
-    import fcntl
-
     out = Path(out)
     if not out.parent.is_dir():
         raise FileNotFoundError(f"output directory {out.parent} does not exist")
     path = out.parent / f".{out.name}.lock"
-    handle = open(path, "a+")
+    handle = _acquire(path, out)
     try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        handle.close()  # closing releases the lock
+
+
+def _acquire(path: Path, out: Path):
+    import fcntl
+
+    while True:
+        handle = open(path, "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
+            handle.close()
             raise CaptureError(f"another capture is writing {out} ({holder}); wait for it to finish (a rerun then "
                                "reuses its result) or choose another output") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {os.uname().nodename}")
-        handle.flush()
-        yield
-    finally:
-        handle.close()  # closing releases the lock
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()  # the previous holder removed this file after we opened it: lock the current one
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {os.uname().nodename}")
+    handle.flush()
+    return handle
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:
