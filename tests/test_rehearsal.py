@@ -5,13 +5,13 @@ sit in a local hub cache under a named branch, so ``owner/name@branch``
 resolves offline exactly as from the hub. Qwen3 runs the thesis's setting
 (131072 tokens, buckets of 8192, ``yarn:4:32768`` over its 32768-position
 config) in a child process whose peak memory is read back; Llama 3.x, SmolLM3
-and Mllama text run 32768-token windows (twice the kernel guard's limit), and
-``qkplast run`` of the tiny Qwen3 (two documents of a long prose corpus) runs
-capture, analysis and every notebook, so the whole file stays within a few
-minutes on two cores.
+and Mllama text run 32768-token windows (twice the kernel guard's limit).
 
-The README's thesis-scale commands are read from the README itself and run with only the model (the tiny
-Qwen3 at its pinned commit), the corpus and ``--docs`` substituted, at 131072 tokens, through every stage.
+The README's thesis-scale commands (section "At the thesis's scale, on a GPU") are read from the README itself
+(``tests/readme_commands.py``) and run as written with only the model (the tiny Qwen3 at its pinned commit),
+the corpus (two generated 131072-token documents) and ``--docs`` substituted, at 131072 tokens, through every
+stage: the dry run, the capture with the code capture beside it sized to what stdlib-code yields, the
+analyses and bootstraps, and every notebook with its default parameters.
 
 Correctness at long positions: a layer-0 query or key depends only on its own
 token and position, so the model's own eager attention over a late span of
