@@ -393,7 +393,7 @@ def main(argv=None) -> int:
     print(f"peak GPU memory of the process (capture, analyses): {peak:.1f} GiB allocated, {reserved:.1f} GiB reserved; "
           f"plan's expected peak {plan.peak_gb:.1f} GiB (weights {plan.weights_gb:.1f} + activations "
           f"{plan.activations_gb:.1f} + CUDA overhead); measured / plan = {peak / plan.peak_gb:.3f}")
-    print(f"code capture: {manifest.get('code', {}).get('note', '-')}; its windows took "
+    print(f"{manifest.get('code', {}).get('note', 'code capture: -')}; its windows took "
           f"{sum(windows[args.docs:]):.1f} s")
     for key in ("analyze:run", "bootstrap:run", "analyze:code", "bootstrap:code"):
         if key in timings:
