@@ -75,7 +75,7 @@ def _child(args) -> dict:
     from qkplast.capture.sampling import sample_positions
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = tiny_model(args.arch), tiny_tokenizer()
+    model, tokenizer = tiny_model(args.arch).to(getattr(torch, args.dtype)), tiny_tokenizer()
     if args.arch == "qwen3":
         from qkplast.capture.models import apply_rope_scaling, parse_rope_scaling
 
@@ -209,6 +209,14 @@ def scale(args) -> int:
     return 0 if ok else 1
 
 
+def measure_slope(arch: str, lengths=(8192, 32768), dtype: str = "float32", threads: int = 1) -> float:
+    """Bytes per token of a bare forward's peak RSS between two lengths, each in a fresh process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        peaks = [_run_child(["--arch", arch, "--seq-len", str(n), "--mode", "bare", "--threads", str(threads),
+                             "--repeats", "1", "--dtype", dtype], tmp)["above_start_mb"] for n in lengths]
+    return _slopes(list(lengths), peaks)[0]
+
+
 def kappa(args) -> int:
     from hub_fixtures import ARCHITECTURES, tiny_config
     from qkplast.capture.plan import live_elements_per_token
@@ -235,6 +243,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per cell (the best is kept; one machine's "
                    "noise is a few percent, the size of the 1.05 target)")
     p.add_argument("--kappa", action="store_true", help="measure the planner's activation coefficient")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the model's dtype")
     p.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=list(MODES), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)

@@ -98,18 +98,25 @@ results.gaussian_agreement(metrics)
 # ## Prose and code
 #
 # The thesis computed everything on one dataset. Here the same model, capture settings and analysis run on
-# the Python documentation (prose) and on the standard library's source (code).
+# the Python documentation (prose) and on the standard library's source (code). The code capture is made by
+# `qkplast run` beside the prose, sized to what the code corpus yields: the run's windows where it fills them,
+# otherwise fewer windows or shorter ones (the line below says which); a corpus that fills no two windows, or
+# the run's own corpus, gives no comparison, and the note says so.
 
 # %%
-code = run.on_corpus(code_corpus)  # captured by `qkplast run` beside the prose, in run_dir/code
-code_metrics, code_boot = code.metrics, code.bootstrap(n_boot)
-comparison = results.corpus_comparison({corpus: metrics, code_corpus: code_metrics},
-                                       {corpus: boot, code_corpus: code_boot})
-comparison
+code, code_note = run.code(code_corpus)  # run_dir/code, as `qkplast run` sized it; None when left out
+print(code_note)
+if code is not None:
+    code_metrics, code_boot = code.metrics, code.bootstrap(n_boot)
+    comparison = results.corpus_comparison({corpus: metrics, code_corpus: code_metrics},
+                                           {corpus: boot, code_corpus: code_boot})
+    display(comparison)
 
 # %%
-fig = qp.quintile_profiles(results.quintile_table({f"{model} ({corpus})": metrics,
-                                                   f"{model} ({code_corpus})": code_metrics}, include_thesis=False))
+if code is not None:
+    fig = qp.quintile_profiles(results.quintile_table({f"{model} ({corpus})": metrics,
+                                                       f"{model} ({code_corpus})": code_metrics},
+                                                      include_thesis=False))
 
 # %% [markdown]
 # ## Across the runs of a study

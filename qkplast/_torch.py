@@ -167,3 +167,17 @@ def einsum(equation: str, *operands: torch.Tensor) -> torch.Tensor:
 def gram(x: torch.Tensor) -> torch.Tensor:
     """``x^T x`` ``[..., dim, dim]`` of ``x`` ``[..., sample, dim]`` (a scatter matrix when ``x`` is centred)."""
     return matmul(x.transpose(-1, -2), x)
+
+
+def release_gpu_memory() -> None:
+    """Hand the CUDA caching allocator's free blocks back to the driver (after collecting garbage).
+
+    The analyses and the bootstrap run on the GPU when one is visible; the allocator keeps their freed
+    blocks for reuse by this process. A notebook kernel started next (chapters 12 and 13 load the model)
+    is another process, which would find that memory taken. A no-op without CUDA.
+    """
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

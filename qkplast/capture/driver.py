@@ -38,7 +38,7 @@ from qkplast.io import CaptureError, save_capture
 from qkplast.capture.architecture import SUPPORTED_FAMILIES, LayerInfo, ModelLayout, inspect_model
 from qkplast.options import CaptureOptions
 from qkplast._version import package_versions
-from qkplast.capture.resume import PartStore, check_output
+from qkplast.capture.resume import PartStore, check_output, output_lock
 from qkplast.capture.recorder import Capturer
 from qkplast.capture.sampling import HeadPlan, sample_heads, sample_positions
 
@@ -91,8 +91,9 @@ def capture(
         are taken from the model itself (and ``model_info``), which is what ran.
     overwrite : bool
         Replace an existing ``out`` and discard parts made with other options.
-    progress : bool
-        Show tqdm bars (overall with ETA, and per document over layers).
+    progress : bool or "lines"
+        Show tqdm bars (overall with ETA, and per document over layers); ``"lines"``: one plain line per
+        window (:class:`ProgressLines`), for log files.
     model_info : dict, optional
         Provenance of the model (:attr:`qkplast.capture.models.LoadedModel.info`): name, revision, commit.
 
@@ -111,11 +112,22 @@ def capture(
     FileExistsError, FileNotFoundError, PermissionError
         Output problems, detected before any model work.
     """
-    from qkplast.capture.models import check_seq_len
 
     out = None if out is None else Path(out)
-    if out is not None:
-        check_output(out, overwrite)
+    # one writer per output: a second capture into the same file is refused while this one runs (a kill
+    # releases the lock), so parts and the final file are never written by two processes
+    with output_lock(out):
+        if out is not None:
+            check_output(out, overwrite)
+        return _capture(model, tokenizer, corpus, out, options, overwrite=overwrite, progress=progress,
+                        model_info=model_info)
+
+
+def _capture(model, tokenizer, corpus, out: Path | None, options: CaptureOptions, *, overwrite: bool, progress,
+             model_info: dict | None) -> xr.Dataset:
+    """:func:`capture` once the output is locked and checked."""
+    from qkplast.capture.models import check_seq_len
+
     info = _model_info(model, model_info)
     options = _resolved(options, model, corpus, info)
     check_seq_len(model.config, options.seq_len, rope_scaling=info.get("rope_scaling"))
@@ -127,16 +139,22 @@ def capture(
     stats = WindowStats()
     windows = iter_windows(corpus, tokenizer, options.seq_len, short_docs=options.short_docs, stats=stats)
     last = None  # the last window's piece goes straight into the capture file, its part only if that fails
-    with capturer, _bar(options.docs, "doc", "capture", progress) as overall:
+    bars = progress is True
+    lines = ProgressLines(options.docs, options.seq_len) if progress == "lines" else None
+    with capturer, _bar(options.docs, "doc", "capture", bars) as overall:
         pieces = []
         for index, window in enumerate(itertools.islice(windows, options.docs)):
             piece = store.load(index, window.doc_id)
             if piece is None:
-                piece = _capture_window(capturer, window, options, progress)
+                piece = _capture_window(capturer, window, options, bars)
                 if options.docs is None or index < options.docs - 1:
                     store.save(index, piece)
                 else:
                     last = (index, piece)
+                if lines is not None:
+                    lines.done(index, window.doc_id)
+            elif lines is not None:
+                lines.reused(index)
             pieces.append(piece)
             overall.update(1)
     ds = _combine(pieces, options, stats, store)
@@ -159,6 +177,42 @@ def _write(ds: xr.Dataset, out: Path, overwrite: bool, store: PartStore, last) -
                 pass  # the file's own error, raised below, is the one to report
         raise
     store.remove()
+
+
+class ProgressLines:
+    """Progress of a capture as plain lines on stderr, one per window: for log files (a SLURM job's), where a
+    progress bar's carriage returns make one unreadable line.
+
+    ``[capture] window 3 of 500 (doc-id): 13.4 s/window, ETA 1h50m`` -- the rate over the windows computed in
+    this process (windows reused from parts are counted as done, not timed).
+    """
+
+    def __init__(self, total: int | None, seq_len: int):
+        import time
+
+        self.total, self.seq_len, self.clock = total, seq_len, time.perf_counter
+        self.start, self.computed = self.clock(), 0
+
+    def _say(self, text: str) -> None:
+        import sys
+
+        print(f"[capture] {text}", file=sys.stderr, flush=True)
+
+    def reused(self, index: int) -> None:
+        self._say(f"window {index + 1} of {self.total or '?'}: reused from its part")
+
+    def done(self, index: int, doc_id: str) -> None:
+        self.computed += 1
+        rate = (self.clock() - self.start) / self.computed
+        left = "" if self.total is None else f", ETA {_duration(rate * (self.total - index - 1))}"
+        label = doc_id if len(doc_id) <= 40 else doc_id[:37] + "..."
+        self._say(f"window {index + 1} of {self.total or '?'} ({label}, {self.seq_len} tokens): {rate:.1f} s/window{left}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 def _bar(total, unit: str, desc: str, progress: bool, **kwargs):

@@ -57,7 +57,10 @@ __all__ = [
     "load_tokenizer_with_info",
     "release_model",
     "load_for",
+    "tokenizer_for",
     "quiet_transformers",
+    "MULTI_GPU",
+    "primary_device",
     "split_revision",
 ]
 
@@ -67,6 +70,8 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "qkplast-source.json"
 _ROPE_TYPES = ("yarn", "linear", "dynamic")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: The device that spreads a model too large for one GPU over every visible GPU (``device_map="auto"``).
+MULTI_GPU = "cuda:all"
 
 
 def cache_dir() -> Path:
@@ -249,12 +254,24 @@ def check_seq_len(config, seq_len: int, *, rope_scaling: dict | None = None) -> 
         raise ModelError(f"seq_len {seq_len} exceeds the model's maximum of {limit} positions; {hint}")
 
 
+def primary_device(device: str) -> str:
+    """The device inputs go to: ``cuda`` for :data:`MULTI_GPU` (the first visible GPU), else ``device``."""
+    return "cuda" if device == MULTI_GPU else device
+
+
 def resolve_device(device: str = "auto") -> str:
-    """``auto`` is ``cuda`` when a GPU is visible, else ``cpu``; anything else is checked and returned."""
+    """``auto`` is ``cuda`` when a GPU is visible, else ``cpu``; anything else is checked and returned.
+
+    ``cuda:all`` (:data:`MULTI_GPU`) spreads the weights over every visible GPU.
+    """
     import torch
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == MULTI_GPU:
+        if not torch.cuda.is_available():
+            raise ModelError(f"device {device!r} spreads the model over the visible GPUs, but no CUDA device is available")
+        return device
     try:
         torch.device(device)
     except RuntimeError as exc:
@@ -509,6 +526,12 @@ def load_tokenizer(name: str, *, revision: str | None = None, tokenizer: str | N
     return load_tokenizer_with_info(name, revision=revision, tokenizer=tokenizer, local_files_only=local_files_only)[0]
 
 
+def tokenizer_for(options):
+    """The tokenizer a capture's :class:`~qkplast.options.CaptureOptions` read their corpus with (its ``tokenizer``
+    option, else the model's own at its revision): the one way planning, validation and sizing load it."""
+    return load_tokenizer(options.model, revision=options.revision, tokenizer=options.tokenizer)
+
+
 def load_model(
     name: str,
     *,
@@ -567,8 +590,9 @@ def load_model(
         model_class = auto_model_class(config)
         load_kwargs = {"config": config, "dtype": torch_dtype, **kwargs}
         if device != "cpu":
-            # Loading straight onto the GPU avoids holding a second copy of the weights in host memory.
-            load_kwargs["device_map"] = device
+            # Loading straight onto the GPU avoids holding a second copy of the weights in host memory;
+            # cuda:all lets accelerate balance the layers over every visible GPU.
+            load_kwargs["device_map"] = "auto" if device == MULTI_GPU else device
         model = model_class.from_pretrained(source, **load_kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"cannot load model {info['model']!r} from {source}: {_first_line(exc)}") from exc

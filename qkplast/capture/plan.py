@@ -27,7 +27,14 @@ and the corpus (tokenized, not run), and predicts
     kernels add only their O(seq_len x heads) log-sum-exp buffer (counted),
     and the CUDA context and allocator reserve add :data:`CUDA_OVERHEAD_GB`.
 
-:meth:`CapturePlan.check` refuses a plan whose kernel needs ``seq_len^2``
+In 16-bit models the float32 copies the norms make (and the q/k norms of Qwen3-like models) are counted
+where they would set the peak (:func:`upcast_bytes_per_token`); the forward passes that need logits
+(chapters 12 and 13, :mod:`qkplast.experiments.behavior`) run the LM head in chunks of
+:data:`LOGITS_CHUNK_BYTES` and are counted as the row ``logits pass`` (:func:`logits_pass_gb`); with
+``device="cuda:all"`` the weights are counted per GPU. :func:`size_code_capture` sizes the second capture a
+run makes (notebook 09's code) to what its corpus yields.
+
+:meth:`CapturePlan.check` refuses a plan whose window exceeds the (RoPE-scaled) config, whose kernel needs ``seq_len^2``
 memory (:mod:`qkplast.capture.kernel_guard`), whose corpus is too short, or whose peak
 exceeds the device's memory. ``str(plan)`` is a readable table.
 
@@ -49,8 +56,15 @@ __all__ = [
     "PlanError",
     "CapturePlan",
     "live_elements_per_token",
+    "activation_bytes_per_token",
+    "upcast_bytes_per_token",
+    "LOGITS_CHUNK_BYTES",
+    "logits_chunk_rows",
+    "logits_pass_gb",
     "plan_capture",
     "preflight",
+    "CodeCapture",
+    "size_code_capture",
 ]
 
 #: Measured / counted activation bytes per token, per architecture (CPU, float32, tiny random models of
@@ -74,6 +88,15 @@ class PlanError(QkplastError):
     """The planned capture cannot run as asked (kernel, corpus or memory); the message names the fix."""
 
 
+def _dims(config) -> tuple[int, int, int, int, int]:
+    text = config.get_text_config()
+    h, i = int(text.hidden_size), int(text.intermediate_size)
+    n_q = int(text.num_attention_heads)
+    n_kv = int(getattr(text, "num_key_value_heads", None) or n_q)
+    d = int(getattr(text, "head_dim", None) or h // n_q)
+    return h, i, n_q, n_kv, d
+
+
 def live_elements_per_token(config) -> int:
     """Elements per token live at the peak of a decoder forward (no cache, no LM head); see the module doc.
 
@@ -82,15 +105,76 @@ def live_elements_per_token(config) -> int:
     config : transformers.PretrainedConfig
         The (text) config: ``hidden_size``, ``intermediate_size``, head counts and ``head_dim``.
     """
-    text = config.get_text_config()
-    h, i = int(text.hidden_size), int(text.intermediate_size)
-    n_q = int(text.num_attention_heads)
-    n_kv = int(getattr(text, "num_key_value_heads", None) or n_q)
-    d = int(getattr(text, "head_dim", None) or h // n_q)
+    h, i, n_q, n_kv, d = _dims(config)
     base = 2 * h + 2 * d  # residual stream, embedding output, RoPE cos and sin
     attention = h + 2 * (n_q + 2 * n_kv) * d + n_q * d + h  # normed input, q/k/v pre and post RoPE, kernel out, o_proj
     mlp = h + 3 * i + h  # normed input, gate, up, act(gate) * up, down
     return base + max(attention, mlp)
+
+
+def _has_qk_norm(config) -> bool:
+    """Whether the attention normalises q and k per head (Qwen3, OLMo-2 style): an RMSNorm over ``[seq, heads, d]``."""
+    return config.get_text_config().model_type in ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
+
+
+def upcast_bytes_per_token(config, dtype_bytes: int) -> int:
+    """Bytes per token of the float32 copies a 16-bit model makes beside its own tensors, at their largest.
+
+    transformers' RMSNorm computes in float32 (``hidden.to(torch.float32)``, then the normalised copy: two
+    float32 tensors of the normed width live at once). In a float32 model the conversion is a no-op, so
+    nothing is added. Two places can set the peak: the layer norms (``2 x 4 x hidden`` beside the 16-bit
+    input) and, in models that normalise q and k per head, the q-norm (``2 x 4 x n_q x head_dim`` beside the
+    normed input and the projected q).
+    """
+    if dtype_bytes >= 4:
+        return 0
+    h, _, n_q, _, d = _dims(config)
+    norm = 2 * 4 * h
+    qk = (h + n_q * d) * dtype_bytes + 2 * 4 * n_q * d if _has_qk_norm(config) else 0
+    return max(norm, qk)
+
+
+def activation_bytes_per_token(config, dtype: str, device: str) -> float:
+    """Activation bytes per token at the peak of the capture's forward (no LM head).
+
+    The larger of the decoder's own tensors (``KAPPA x E x bytes``, :func:`live_elements_per_token`) and the
+    phase where the float32 upcasts of a 16-bit model peak (:func:`upcast_bytes_per_token`, over the
+    residual stream, embedding output and RoPE tables), plus, on CUDA, the attention kernel's float32
+    log-sum-exp row per query head.
+    """
+    h, _, n_q, _, d = _dims(config)
+    per = _BYTES[dtype]
+    own = KAPPA * live_elements_per_token(config) * per
+    upcast = KAPPA * ((2 * h + 2 * d) * per + upcast_bytes_per_token(config, per))
+    return max(own, upcast) + (4 * n_q if device.startswith("cuda") else 0)
+
+
+#: Budget of one chunk of the LM head's logits in the forward passes that need them (``experiments.behavior``):
+#: the logits in the model's dtype, their float64 copy and its ``log_softmax``, per scored position.
+LOGITS_CHUNK_BYTES = 1 << 30
+
+
+def logits_bytes_per_row(vocab_size: int, dtype_bytes: int) -> int:
+    """Bytes one scored position costs in a logits chunk: the head's output, its float64 copy and log_softmax."""
+    return int(vocab_size) * (int(dtype_bytes) + 8 + 8)
+
+
+def logits_chunk_rows(vocab_size: int, dtype_bytes: int, budget: int = LOGITS_CHUNK_BYTES) -> int:
+    """Scored positions per LM-head chunk so one chunk stays within ``budget`` bytes (at least one)."""
+    return max(1, int(budget) // logits_bytes_per_row(vocab_size, dtype_bytes))
+
+
+def logits_pass_gb(config, seq_len: int, dtype: str) -> float:
+    """Activation GiB of a forward pass that scores every position (``loss_by_position``) beyond the weights.
+
+    After the decoder returns: its last hidden state and the gathered rows of the scored positions (two
+    ``seq_len x hidden`` tensors) and one logits chunk of :data:`LOGITS_CHUNK_BYTES` at most.
+    """
+    h = _dims(config)[0]
+    per = _BYTES[dtype]
+    vocab = int(config.get_text_config().vocab_size)
+    rows = min(logits_chunk_rows(vocab, per), seq_len)
+    return (2 * seq_len * h * per + rows * logits_bytes_per_row(vocab, per)) / _GB
 
 
 @dataclass
@@ -114,7 +198,13 @@ class CapturePlan:
     eligible_layers, excluded_layers : list, dict
     n_params : int
     weights_gb, activations_gb, peak_gb : float
-        Expected peak = weights + activations (+ CUDA overhead on a GPU).
+        Expected peak = weights (per GPU when spread over ``gpus``) + the larger of the capture's activations
+        and the logits pass's (+ CUDA overhead on a GPU).
+    logits_gb : float
+        Activations of a forward pass that needs logits (chapters 12 and 13): the decoder's last hidden state,
+        the scored rows and one LM-head chunk (:func:`logits_pass_gb`).
+    gpus : int
+        GPUs the weights are spread over (``--device cuda:all``: every visible one).
     bytes_per_token : float
         Activation bytes per token (``KAPPA x E x bytes``).
     device_memory_gb : float or None
@@ -140,10 +230,13 @@ class CapturePlan:
     bytes_per_token: float = 0.0
     device_memory_gb: float | None = None
     kernel_problem: str | None = None
+    logits_gb: float = 0.0
+    gpus: int = 1
+    length_problem: str | None = None
 
     def problems(self) -> list[str]:
         """One line per reason the capture cannot run as planned."""
-        found = []
+        found = [self.length_problem] if self.length_problem else []
         if self.kernel_problem:
             found.append(self.kernel_problem)
         if self.windows is not None and self.windows_wanted is not None and self.windows < self.windows_wanted:
@@ -152,12 +245,24 @@ class CapturePlan:
                 f"{self.windows_wanted} were asked for; pass a corpus of longer documents, fewer --docs or a shorter "
                 "--seq-len"
             )
-        if self.device_memory_gb is not None and self.peak_gb > self.device_memory_gb:
-            found.append(
-                f"expected peak memory {self.peak_gb:.1f} GiB exceeds the {self.device_memory_gb:.1f} GiB of "
-                f"{self.device}; use a shorter --seq-len, --dtype bfloat16, or a larger device"
-            )
+        memory = self.memory_problem()
+        if memory:
+            found.append(memory)
         return found
+
+    def memory_problem(self) -> str | None:
+        """Why the expected peak does not fit the device, with the ways out; None when it fits."""
+        if self.device_memory_gb is None or self.peak_gb <= self.device_memory_gb:
+            return None
+        ways = ["a shorter --seq-len"]
+        if self.dtype == "float32":
+            ways.append("--dtype bfloat16")
+        if self.device.startswith("cuda") and self.gpus == 1:
+            ways.append("--device cuda:all (the weights spread over every visible GPU)")
+        ways.append("or a larger device")
+        where = f"{self.device}" + (f" (per GPU, weights over {self.gpus})" if self.gpus > 1 else "")
+        return (f"expected peak memory {self.peak_gb:.1f} GiB exceeds the {self.device_memory_gb:.1f} GiB of {where}; "
+                f"use {', '.join(ways)}")
 
     def check(self) -> CapturePlan:
         """Raise :class:`PlanError` (one line: the first problem, and how many more) if the plan cannot run."""
@@ -185,8 +290,9 @@ class CapturePlan:
             ("heads sampled / eligible", f"{self.heads} / {self.heads_eligible}"),
             ("eligible layers", f"{len(self.eligible_layers)} ({len(self.excluded_layers)} excluded)"),
             ("parameters", f"{self.n_params / 1e6:.1f} M"),
-            ("weights", f"{self.weights_gb:.2f} GiB"),
+            ("weights", f"{self.weights_gb:.2f} GiB" + (f" per GPU (over {self.gpus})" if self.gpus > 1 else "")),
             ("activations", f"{self.activations_gb:.2f} GiB ({self.bytes_per_token:.0f} B/token x {o.seq_len})"),
+            ("logits pass (ch. 12, 13)", f"{self.logits_gb:.2f} GiB (hidden states and one LM-head chunk)"),
             ("expected peak", f"{self.peak_gb:.2f} GiB"),
             ("device memory", memory),
             ("attention kernel", "linear in seq_len" if self.kernel_problem is None else "QUADRATIC: refused"),
@@ -215,9 +321,11 @@ def _heads(config) -> tuple[int, int]:
 def _kernel_problem(options: CaptureOptions, config, device: str, dtype) -> str | None:
     from qkplast.capture.kernel_guard import device_capability, kernel_problem
 
+    from qkplast.capture.models import primary_device
+
     n_q, n_kv = _heads(config)
-    return kernel_problem(options.attn, dtype, device.split(":")[0], device_capability(device), options.seq_len,
-                          n_q, n_kv)
+    return kernel_problem(options.attn, dtype, device.split(":")[0], device_capability(primary_device(device)),
+                          options.seq_len, n_q, n_kv)
 
 
 def _count_windows(documents, tokenizer, options: CaptureOptions, strict: bool) -> int | None:
@@ -238,7 +346,7 @@ def preflight(options: CaptureOptions, documents, tokenizer=None) -> CaptureOpti
     corpus's windows (raising when there are fewer than ``options.docs``).
     """
     from qkplast.capture.kernel_guard import KernelError
-    from qkplast.capture.models import check_seq_len, load_config, load_tokenizer, resolve_device, resolve_dtype
+    from qkplast.capture.models import check_seq_len, load_config, resolve_device, resolve_dtype, tokenizer_for
 
     config, info = load_config(options.model, revision=options.revision, rope_scaling=options.rope_scaling)
     options = _resolve_lengths(options, config)
@@ -248,7 +356,7 @@ def preflight(options: CaptureOptions, documents, tokenizer=None) -> CaptureOpti
     if problem is not None:
         raise KernelError(problem)
     if tokenizer is None:
-        tokenizer = load_tokenizer(options.model, revision=options.revision, tokenizer=options.tokenizer)
+        tokenizer = tokenizer_for(options)
     _count_windows(documents, tokenizer, options, strict=True)
     return options
 
@@ -270,7 +378,9 @@ def _device_memory_gb(device: str) -> float | None:
     import torch
 
     if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory / _GB
+        from qkplast.capture.models import primary_device
+
+        return torch.cuda.get_device_properties(torch.device(primary_device(device))).total_memory / _GB
     if device == "cpu":
         try:
             return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _GB
@@ -279,16 +389,21 @@ def _device_memory_gb(device: str) -> float | None:
     return None
 
 
-def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = None) -> CapturePlan:
+def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = None, count: bool = True,
+                 gpus: int | None = None) -> CapturePlan:
     """Plan the capture ``options`` describe, from the config, tokenizer and corpus alone (no weights).
 
     Parameters
     ----------
     options : CaptureOptions
         ``model`` may be ``owner/name@revision``; ``device="auto"`` plans for
-        CUDA when a GPU is visible.
+        CUDA when a GPU is visible; ``device="cuda:all"`` spreads the weights over ``gpus``.
     device_memory_gb : float, optional
-        Memory of the target device in GiB (default: detected, the GPU's or the host's).
+        Memory of the target device (one GPU) in GiB (default: detected, the GPU's or the host's).
+    count : bool
+        Count the corpus's windows (tokenizing it); False plans the memory alone.
+    gpus : int, optional
+        GPUs the weights are spread over with ``device="cuda:all"`` (default: the visible ones, at least 1).
 
     Returns
     -------
@@ -297,24 +412,32 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
     """
     from qkplast.capture.corpus import open_corpus_for
     from qkplast.capture.architecture import layout_from_config
-    from qkplast.capture.models import load_config, load_tokenizer, resolve_dtype
+    from qkplast.capture.models import MULTI_GPU, ModelError, check_seq_len, load_config, resolve_dtype, tokenizer_for
     from qkplast.capture.sampling import sample_heads
 
     config, info = load_config(options.model, revision=options.revision, rope_scaling=options.rope_scaling)
     options = _resolve_lengths(options, config)
     device = _planned_device(options.device)
     dtype = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
+    try:
+        check_seq_len(config, options.seq_len, rope_scaling=info["rope_scaling"])
+        length_problem = None
+    except ModelError as exc:
+        length_problem = str(exc)
     layout = layout_from_config(config)
     heads = sample_heads(layout, options.heads, options.seed)
-    documents = open_corpus_for(options)
-    tokenizer = load_tokenizer(options.model, revision=options.revision, tokenizer=options.tokenizer)
-    windows = _count_windows(documents, tokenizer, options, strict=False)
+    windows = None
+    if count:
+        documents = open_corpus_for(options)
+        tokenizer = tokenizer_for(options)
+        windows = _count_windows(documents, tokenizer, options, strict=False)
     n_params = _parameter_count(config)
     per = _BYTES[dtype]
-    n_q = int(config.get_text_config().num_attention_heads)
-    bytes_per_token = KAPPA * live_elements_per_token(config) * per + (4 * n_q if device.startswith("cuda") else 0)
-    weights_gb = n_params * per / _GB
+    spread = max(1, gpus if gpus is not None else _visible_gpus()) if device == MULTI_GPU else 1
+    bytes_per_token = activation_bytes_per_token(config, dtype, device)
+    weights_gb = n_params * per / _GB / spread
     activations_gb = bytes_per_token * options.seq_len / _GB
+    logits_gb = logits_pass_gb(config, options.seq_len, dtype)
     overhead = CUDA_OVERHEAD_GB if device.startswith("cuda") else 0.0
     return CapturePlan(
         options=options,
@@ -330,17 +453,141 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
         n_params=n_params,
         weights_gb=weights_gb,
         activations_gb=activations_gb,
-        peak_gb=weights_gb + activations_gb + overhead,
+        peak_gb=weights_gb + max(activations_gb, logits_gb) + overhead,
         bytes_per_token=bytes_per_token,
         device_memory_gb=device_memory_gb if device_memory_gb is not None else _device_memory_gb(device),
         kernel_problem=_kernel_problem(options, config, device, dtype),
+        logits_gb=logits_gb,
+        gpus=spread,
+        length_problem=length_problem,
     )
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _planned_device(device: str) -> str:
     """The device a plan is for: ``auto`` is CUDA when a GPU is visible; a named device need not exist here."""
     import torch
 
+    from qkplast.capture.models import ModelError, primary_device
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(primary_device(device))
+    except RuntimeError as exc:
+        raise ModelError(f"bad device {device!r}: {str(exc).splitlines()[0]}") from None
     return device
+
+
+# --------------------------------------------------------------------------- the second corpus (notebook 09's code)
+
+#: Fewest windows the code capture is made with: its bootstrap over documents needs two.
+MIN_CODE_WINDOWS = 2
+#: Times the window is halved, at most, when the code corpus has too few windows at the run's length.
+CODE_HALVINGS = 3
+
+
+@dataclass(frozen=True)
+class CodeCapture:
+    """How the capture of a second corpus beside the run's (notebook 09's code) is sized, and why.
+
+    Attributes
+    ----------
+    options : CaptureOptions or None
+        The capture to make: the run's settings on the second corpus, with fewer or shorter windows when the
+        corpus cannot fill the run's; None when it is skipped.
+    status : {"as-run", "fewer", "shorter", "same-corpus", "skipped"}
+        ``as-run``: the run's windows; ``fewer``/``shorter``: sized down (stated in ``note``);
+        ``same-corpus``: the second corpus is the run's own (no duplicate capture); ``skipped``: it cannot
+        fill two windows even at an eighth of the run's length.
+    note : str
+        One sentence for the manifest, ``--dry-run`` and chapter 09.
+    """
+
+    options: CaptureOptions | None
+    status: str
+    note: str
+
+    def to_dict(self) -> dict:
+        return {"options": None if self.options is None else self.options.to_dict(), "status": self.status,
+                "note": self.note}
+
+    @classmethod
+    def from_dict(cls, record: dict) -> "CodeCapture":
+        options = record.get("options")
+        return cls(None if options is None else CaptureOptions(**options), record["status"], record["note"])
+
+
+def _same_corpus(a: CaptureOptions, b: CaptureOptions) -> bool:
+    from pathlib import Path
+
+    def key(o):
+        path = Path(o.corpus)
+        return (str(path.resolve()) if path.exists() else o.corpus, o.text_field, o.id_field)
+
+    return key(a) == key(b)
+
+
+def size_code_capture(main: CaptureOptions, corpus: str, tokenizer=None) -> CodeCapture:
+    """The capture of ``corpus`` beside the run ``main``, sized to what that corpus yields (tokenizer only).
+
+    The run's settings are kept where the corpus fills them; otherwise the capture takes the windows the
+    corpus yields (at least :data:`MIN_CODE_WINDOWS`), and when even that fails the window is halved (the
+    buckets with it, so there are as many) up to :data:`CODE_HALVINGS` times. A corpus that fills no two
+    windows is skipped, and so is the run's own corpus (the capture would duplicate the run's). Nothing
+    here raises for the corpus: the second capture never stops the run.
+
+    Parameters
+    ----------
+    main : CaptureOptions
+        The run's capture (``seq_len`` and ``bucket_size`` may be None: resolved from the config).
+    corpus : str
+        The second corpus (notebook 09's ``code_corpus``); read with ``main``'s text and id fields.
+    tokenizer : optional
+        The run's tokenizer (loaded from ``main`` when omitted).
+    """
+    from qkplast.capture.corpus import CorpusError, count_windows, open_corpus_for
+    from qkplast.capture.models import load_config, tokenizer_for
+
+    wanted = replace(main, corpus=corpus)
+    if _same_corpus(main, wanted):
+        return CodeCapture(None, "same-corpus", f"the code corpus {corpus!r} is the run's own corpus: no second "
+                                                "capture (it would duplicate the run's), no prose/code comparison")
+    if main.seq_len is None or main.bucket_size is None:
+        config, _ = load_config(main.model, revision=main.revision, rope_scaling=main.rope_scaling)
+        wanted = _resolve_lengths(wanted, config)
+    if tokenizer is None:
+        tokenizer = tokenizer_for(main)
+    try:
+        documents = open_corpus_for(wanted)
+    except CorpusError as exc:
+        return CodeCapture(None, "skipped", f"the code capture is skipped: {exc}")
+    seq_len, bucket = wanted.seq_len, wanted.bucket_size
+    for halving in range(CODE_HALVINGS + 1):
+        length, width = seq_len >> halving, max(1, bucket >> halving)
+        if length < 2 or width > length:
+            break
+        trial = replace(wanted, seq_len=length, bucket_size=width,
+                        samples_per_bucket=min(wanted.samples_per_bucket, float(width)))
+        found = count_windows(documents, tokenizer, trial, strict=False)
+        need = min(MIN_CODE_WINDOWS, wanted.docs or MIN_CODE_WINDOWS)
+        if found < need:
+            continue
+        sized = replace(trial, docs=found if wanted.docs is None or found < wanted.docs else wanted.docs)
+        if halving == 0 and sized.docs == wanted.docs:
+            return CodeCapture(sized, "as-run", f"code capture: {sized.docs} windows of {length} tokens of "
+                                                f"{corpus}, as the run's")
+        status = "fewer" if halving == 0 else "shorter"
+        return CodeCapture(sized, status, (
+            f"code capture sized to what {corpus!r} yields: {sized.docs} windows of {length} tokens "
+            f"(buckets of {width})" + ("" if wanted.docs is None else f", where the run has {wanted.docs} of "
+                                                                       f"{seq_len}")))
+    return CodeCapture(None, "skipped", (
+        f"the code capture is skipped: {corpus!r} yields fewer than {MIN_CODE_WINDOWS} windows of "
+        f"{seq_len >> CODE_HALVINGS} tokens or more with short_docs={wanted.short_docs!r}, "
+        "so notebook 09 has no prose/code comparison for this run"))

@@ -16,6 +16,7 @@ costs the last document again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import xarray as xr
 
 from qkplast.io import CaptureError, open_dataset, save_dataset
 
-__all__ = ["PartStore", "check_output"]
+__all__ = ["PartStore", "check_output", "output_lock"]
 
 _MANIFEST = "manifest.json"
 _PART = "doc-{:06d}.nc"
@@ -47,6 +48,59 @@ def check_output(out: Path, overwrite: bool) -> None:
         os.unlink(probe)
     except OSError as exc:
         raise PermissionError(f"output directory {out.parent} is not writable ({exc.strerror})") from exc
+
+
+@contextlib.contextmanager
+def output_lock(out: Path | None):
+    """Hold an exclusive lock on capture file ``out`` (``.OUT.lock`` beside it) while the block runs.
+
+    A second capture into the same file, from this host or another sharing the file system, is refused
+    at once with a one-line :class:`CaptureError` instead of writing parts or the file beside the first.
+    The lock is the operating system's (``flock``): a killed process releases it. The lock file is removed
+    on release (a lock taken on a file already unlinked by its previous holder is retaken on the new one),
+    so a finished or failed capture leaves nothing beside its output. Nothing is locked when ``out`` is None.
+    """
+    if out is None:
+        yield
+        return
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"output directory {out.parent} does not exist")
+    path = out.parent / f".{out.name}.lock"
+    handle = _acquire(path, out)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        handle.close()  # closing releases the lock
+
+
+def _acquire(path: Path, out: Path):
+    import fcntl
+
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise CaptureError(f"another capture is writing {out} ({holder}); wait for it to finish (a rerun then "
+                               "reuses its result) or choose another output") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()  # the previous holder removed this file after we opened it: lock the current one
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {os.uname().nodename}")
+    handle.flush()
+    return handle
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:

@@ -22,8 +22,8 @@ information it needs lies.
     digits.
 
 All three run the decoder without cache and apply the output head only at the
-scored positions, so a 2048-token window never materialises its
-``seq x vocab`` logits at once.
+scored positions, in chunks sized in bytes (:func:`token_scores`), so a window
+never materialises its ``seq x vocab`` logits at once.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import xarray as xr
 
 from qkplast.errors import QkplastError
 from qkplast.capture.corpus import Corpus, Document, iter_windows
+from qkplast.capture.plan import LOGITS_CHUNK_BYTES, logits_chunk_rows
 
 __all__ = [
     "BehaviorError",
@@ -128,8 +129,13 @@ def plant_segments(
     return ids, first, first + d
 
 
-def token_scores(model, input_ids: torch.Tensor, positions: torch.Tensor, chunk: int = 4096):
+def token_scores(model, input_ids: torch.Tensor, positions: torch.Tensor, chunk_bytes: int = LOGITS_CHUNK_BYTES):
     """Negative log-likelihood and top-1 hit of the token at each ``positions`` given its prefix.
+
+    The LM head runs on chunks of scored positions sized in bytes, not positions: a chunk's logits in the
+    head's dtype, their float64 copy and its ``log_softmax`` stay within ``chunk_bytes``
+    (:func:`qkplast.capture.plan.logits_chunk_rows`; a 4096-position chunk of a 151936-token vocabulary would
+    be 5 GB of float64 alone). :func:`qkplast.capture.plan.plan_capture` counts the same chunk.
 
     Parameters
     ----------
@@ -137,6 +143,8 @@ def token_scores(model, input_ids: torch.Tensor, positions: torch.Tensor, chunk:
         ``[batch, seq]`` token ids.
     positions : torch.Tensor
         ``[batch, n]`` positions (>= 1) of the predicted tokens.
+    chunk_bytes : int
+        Memory budget of one LM-head chunk (default :data:`qkplast.capture.plan.LOGITS_CHUNK_BYTES`).
 
     Returns
     -------
@@ -145,18 +153,21 @@ def token_scores(model, input_ids: torch.Tensor, positions: torch.Tensor, chunk:
     """
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     head = model.get_output_embeddings()
+    chunk = logits_chunk_rows(head.weight.shape[0], head.weight.element_size(), chunk_bytes)
     with torch.inference_mode():
         hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state  # [batch, seq, hidden]
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(positions)  # [batch, n]
         h = hidden[rows, positions - 1]  # [batch, n, hidden]
+        del hidden
         target = input_ids[rows, positions]  # [batch, n]
         flat_h, flat_t = h.reshape(-1, h.shape[-1]), target.reshape(-1)
         nll, hit = [], []
         for s in range(0, flat_h.shape[0], chunk):
             logits = head(flat_h[s: s + chunk]).double()  # [chunk, vocab]
-            logp = torch.log_softmax(logits, -1)
+            logp = torch.log_softmax(logits, -1)  # [chunk, vocab]
             nll.append(-logp.gather(1, flat_t[s: s + chunk, None])[:, 0])
             hit.append(logits.argmax(-1) == flat_t[s: s + chunk])
+            del logits, logp
     return torch.cat(nll).reshape(positions.shape), torch.cat(hit).reshape(positions.shape)
 
 

@@ -61,10 +61,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    options = AnalysisOptions(**given_options(AnalysisOptions, args))  # bad option values before reading any file
     capture = open_capture(args.capture)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        metrics = analyze(capture, AnalysisOptions(**given_options(AnalysisOptions, args)))
+        metrics = analyze(capture, options)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     save_dataset(metrics, out, overwrite=args.overwrite)
@@ -99,18 +100,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     capture = capture_options(args, **capture_overrides)
     analysis = _analysis_from_args(args, capture.seed, analysis_overrides)
     if args.dry_run:
-        from qkplast.capture.plan import plan_capture
-
-        plan = plan_capture(capture, device_memory_gb=args.device_memory_gb)
-        print(plan)
-        plan.check()
-        print("dry run: nothing captured")
-        return 0
+        return _dry_run(capture, notebook, args.device_memory_gb)
     result = run(capture, args.out, analysis=analysis, parameters=notebook, stage=args.stage,
-                 overwrite=args.overwrite, progress=not args.no_progress, jobs=args.jobs)
+                 overwrite=args.overwrite, progress="lines" if args.progress_lines else not args.no_progress,
+                 jobs=args.jobs, memory_check=not args.no_memory_check, device_memory_gb=args.device_memory_gb)
     m = result.manifest
-    print(f"{args.stage} stage done for {capture.model!r} in {sum(m['timings_s'].values()):.0f} s "
+    print(f"{args.stage} stage done for {capture.model!r} in {sum(v for k, v in m['timings_s'].items() if ':' not in k):.0f} s "
           f"({len(m['notebooks'])} notebooks); outputs in {result.run_dir}")
+    return 0
+
+
+def _dry_run(capture, notebook: dict, device_memory_gb: float | None) -> int:
+    """``qkplast run --dry-run``: the plan of the run's capture, then of the code capture beside it (notebook 09)."""
+    from qkplast.capture.models import quiet_transformers
+    from qkplast.capture.plan import plan_capture, size_code_capture
+    from qkplast.pipeline.stages import CODE_CORPUS
+
+    with quiet_transformers():
+        plan = plan_capture(capture, device_memory_gb=device_memory_gb)
+        print(plan)
+        code = size_code_capture(plan.options, notebook.get("code_corpus", CODE_CORPUS))
+        print(f"\n{code.note}")
+        if code.options is not None:
+            code_plan = plan_capture(code.options, device_memory_gb=device_memory_gb)
+            problems = code_plan.problems()
+            print(f"code capture: expected peak {code_plan.peak_gb:.2f} GiB; "
+                  + ("fits" if not problems else "would be left out: " + "; ".join(problems))
+                  + " (the code capture never stops the run)")
+    plan.check()
+    print("dry run: nothing captured")
     return 0
 
 
@@ -156,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_flags(p)
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory first")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--progress-lines", action="store_true",
+                   help="progress as plain lines (window k of n, seconds per window, ETA) for log files, e.g. SLURM's")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="capture even when the plan's expected peak memory exceeds the device")
     p.add_argument("--jobs", type=_positive_int, default=1,
                    help="notebooks executed at once, each in its own kernel (default: %(default)s; the book build "
                    "uses 2 on CPU; keep 1 where a notebook would load a large model onto a GPU twice)")

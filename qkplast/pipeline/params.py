@@ -12,12 +12,14 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
+from qkplast._resources import resource_dir
 from qkplast.options import AnalysisOptions, CaptureOptions, FieldSpec, UnknownOptionError, coerce, typed_option
 
 __all__ = ["NOTEBOOK_DIR", "declared_parameters", "notebook_parameters", "notebook_paths", "parameters_cell",
            "parse_literal", "split_parameters"]
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+#: The book's notebooks: the checkout's ``notebooks/``, or the copy an installed wheel ships.
+NOTEBOOK_DIR = resource_dir("notebooks")
 
 CAPTURE_FIELDS = tuple(f.name for f in fields(CaptureOptions))
 ANALYSIS_FIELDS = tuple(f.name for f in fields(AnalysisOptions))

@@ -16,10 +16,14 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
+from qkplast._torch import release_gpu_memory
 from qkplast._version import package_versions
+from qkplast.capture.plan import CodeCapture
+from qkplast.errors import QkplastError
 from qkplast.io import open_capture, open_dataset
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.pipeline.params import declared_parameters, notebook_paths
@@ -27,7 +31,8 @@ from qkplast.rundir.directory import (CODE_DIR, STAGES, RunError, check_same_cap
                                       checkpoint_options, checkpoint_slug, ensure_capture, load_or_analyze, load_or_bootstrap,
                                       read_manifest, run_settings, write_manifest)
 
-__all__ = ["CODE_CORPUS", "RunResult", "analyze_stage", "capture_stage", "check_windows", "notebook_stage", "run"]
+__all__ = ["CODE_CORPUS", "RunResult", "Target", "analyze_stage", "capture_stage", "check_windows", "code_capture",
+           "notebook_stage", "run"]
 
 #: Corpus of the code capture that notebook 09 sets beside the prose (its ``code_corpus`` parameter).
 CODE_CORPUS = "stdlib-code"
@@ -45,12 +50,39 @@ def _default_out(capture: CaptureOptions) -> Path:
     return Path("runs") / checkpoint_slug(capture.model + (f"@{capture.revision}" if capture.revision else ""))
 
 
-def _targets(out: Path, capture: CaptureOptions, parameters: dict) -> list[tuple[Path, CaptureOptions]]:
-    """Every capture the notebooks read: the run's own, the code corpus's (notebook 09) and the checkpoints'
-    (notebook 10, in ``RUN/checkpoints/<slug>`` as :func:`qkplast.rundir.checkpoint_metrics` reads them)."""
-    targets = [(out, capture), (out / CODE_DIR, replace(capture, corpus=parameters.get("code_corpus", CODE_CORPUS)))]
+class Target(NamedTuple):
+    """One capture of a run: where it lives, its settings, and whether the run goes on without it."""
+
+    run_dir: Path
+    options: CaptureOptions
+    optional: bool = False  # the code capture: its failure is recorded in the manifest, never raised
+
+
+def code_capture(out: Path, capture: CaptureOptions, parameters: dict, previous: dict) -> CodeCapture:
+    """The code capture of notebook 09, sized to what its corpus yields (:func:`qkplast.capture.plan.size_code_capture`).
+
+    A rerun reuses the sizing its manifest recorded for the same corpus and capture settings (no tokenizing).
+    """
+    from qkplast.capture.models import quiet_transformers
+    from qkplast.capture.plan import size_code_capture
+
+    corpus = parameters.get("code_corpus", CODE_CORPUS)
+    record = previous.get("code") or {}
+    if record.get("corpus") == corpus and record.get("main") == capture.result_key() and record.get("status") != "failed":
+        return CodeCapture.from_dict(record)
+    with quiet_transformers():
+        return size_code_capture(capture, corpus)
+
+
+def _targets(out: Path, capture: CaptureOptions, parameters: dict, code: CodeCapture) -> list[Target]:
+    """Every capture the notebooks read: the run's own, the code corpus's (notebook 09, optional and sized) and
+    the checkpoints' (notebook 10, in ``RUN/checkpoints/<slug>`` as :func:`qkplast.rundir.checkpoint_metrics`
+    reads them)."""
+    targets = [Target(out, capture)]
+    if code.options is not None:
+        targets.append(Target(out / CODE_DIR, code.options, optional=True))
     for ckpt in parameters.get("checkpoints") or []:
-        targets.append((checkpoint_dir(out, ckpt), checkpoint_options(capture, ckpt)))
+        targets.append(Target(checkpoint_dir(out, ckpt), checkpoint_options(capture, ckpt)))
     return targets
 
 
@@ -64,46 +96,92 @@ def check_windows(options: CaptureOptions) -> None:
         preflight(options, open_corpus_for(options))
 
 
-def capture_stage(targets, analysis: AnalysisOptions, progress: bool) -> int:
+def check_memory(options: CaptureOptions, device_memory_gb: float | None = None) -> None:
+    """Refuse a capture whose planned peak memory exceeds the device (config only, no weights, no corpus)."""
+    from qkplast.capture.models import quiet_transformers
+    from qkplast.capture.plan import PlanError, plan_capture
+
+    with quiet_transformers():
+        problem = plan_capture(options, device_memory_gb=device_memory_gb, count=False).memory_problem()
+    if problem:
+        raise PlanError(f"{problem}; or pass --no-memory-check to try anyway")
+
+
+def check_before_weights(target: Target, memory_check: bool = True, device_memory_gb: float | None = None) -> None:
+    """Every check of one capture that needs no weights: same settings as a capture already there, and, when it
+    is still to be made, the corpus filling the windows and (unless ``memory_check`` is False) the memory plan."""
+    check_same_capture(target.run_dir, target.options)
+    if not (target.run_dir / "capture.nc").exists():
+        check_windows(target.options)
+        if memory_check:
+            check_memory(target.options, device_memory_gb)
+
+
+def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | None = None, *,
+                  memory_check: bool = True, device_memory_gb: float | None = None, checked=()) -> int:
     """Every missing capture, one load per model (released before the next and before returning).
 
-    The corpora are checked (tokenizer only) before any weights load. Returns the number of model loads.
+    The corpora and (unless ``memory_check`` is False) the planned peak memory are checked (config and
+    tokenizer only) before any weights load (:func:`check_before_weights`; not again for the run directories
+    in ``checked``). An optional target (the code capture)
+    that fails is left out and its error recorded in ``skipped`` (run directory -> message); any other
+    failure is raised. Returns the number of model loads.
     """
     from qkplast.capture.models import load_for, release_model
 
-    for run_dir, options in targets:
-        check_same_capture(run_dir, options)
-    missing = [(d, o) for d, o in targets if not (d / "capture.nc").exists()]
-    for _, options in missing:
-        check_windows(options)
-    models = list(dict.fromkeys((o.model, o.revision) for _, o in missing))
-    for model in models:
-        group = [(d, o) for d, o in missing if (o.model, o.revision) == model]
-        loaded = load_for(group[0][1])
+    skipped = {} if skipped is None else skipped
+
+    def attempt(target, action):
+        if not target.optional:
+            return action()
         try:
-            for run_dir, options in group:
+            return action()
+        except QkplastError as exc:
+            skipped[target.run_dir] = f"the code capture failed and is left out ({exc})"
+            print(f"[qkplast run] {skipped[target.run_dir]}", file=sys.stderr, flush=True)
+
+    for target in targets:
+        if target.run_dir not in checked:
+            attempt(target, lambda: check_before_weights(target, memory_check, device_memory_gb))
+    missing = [t for t in targets if t.run_dir not in skipped and not (t.run_dir / "capture.nc").exists()]
+    models = list(dict.fromkeys((t.options.model, t.options.revision) for t in missing))
+    for model in models:
+        group = [t for t in missing if (t.options.model, t.options.revision) == model]
+        loaded = load_for(group[0].options)
+        try:
+            for target in group:
                 if progress:
-                    print(f"[qkplast run] capture: {options.corpus}, {options.docs} windows of {options.seq_len} "
-                          f"tokens -> {run_dir / 'capture.nc'}", file=sys.stderr, flush=True)
-                ensure_capture(run_dir, options, analysis, loaded=loaded, progress=progress)
+                    print(f"[qkplast run] capture: {target.options.corpus}, {target.options.docs} windows of "
+                          f"{target.options.seq_len} tokens -> {target.run_dir / 'capture.nc'}", file=sys.stderr,
+                          flush=True)
+                attempt(target, lambda: ensure_capture(target.run_dir, target.options, analysis, loaded=loaded,
+                                                       progress=progress))
         finally:
             release_model(loaded)
-            del loaded
+            loaded = None  # the last reference, so that the collection below frees the weights
             gc.collect()
     return len(models)
 
 
-def analyze_stage(targets, analysis: AnalysisOptions, n_boot: int | None) -> None:
+def analyze_stage(targets, analysis: AnalysisOptions, n_boot: int | None, timings: dict | None = None) -> None:
     """Metrics of every capture and, with ``n_boot``, its document bootstrap.
 
     The notebooks' bootstrap (07 and 08 on the run, 09 on the code) is made once here: two notebooks running
     at once (``jobs > 1``) would each compute it.
     """
-    for run_dir, _ in targets:
+    timings = {} if timings is None else timings
+    for run_dir, _, optional in targets:
+        if optional and not (run_dir / "capture.nc").exists():
+            continue  # a code capture that was left out
         captured = open_capture(run_dir / "capture.nc")
+        label = "run" if run_dir == targets[0].run_dir else run_dir.name  # the run, code, or a checkpoint
+        t0 = time.perf_counter()
         load_or_analyze(run_dir, captured, analysis)
+        timings[f"analyze:{label}"] = round(time.perf_counter() - t0, 2)
         if n_boot and len(set(captured.doc.values.tolist())) >= 2:
+            t0 = time.perf_counter()
             load_or_bootstrap(run_dir, captured, analysis, n_boot)
+            timings[f"bootstrap:{label}"] = round(time.perf_counter() - t0, 2)
 
 
 def _source_digest(path: Path) -> str:
@@ -167,7 +245,7 @@ def notebook_stage(out: Path, manifest: dict, parameters: dict, paths: list[Path
         todo.sort(key=lambda item: SLOW_FIRST.index(item[1].stem) if item[1].stem in SLOW_FIRST else len(SLOW_FIRST))
     failure = None
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
-        futures = {pool.submit(_execute_notebook, path, nb_out / path.name, nb_params, progress and jobs == 1,
+        futures = {pool.submit(_execute_notebook, path, nb_out / path.name, nb_params, progress is True and jobs == 1,
                                label(i, path) if progress else None): path for i, path, nb_params in todo}
         for future in as_completed(futures):
             if future.cancelled():  # not started after an earlier failure
@@ -212,7 +290,8 @@ def _timed(manifest: dict, name: str, t0: float) -> None:
 
 def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOptions | None = None,
         parameters: dict | None = None, stage: str = "notebooks", overwrite: bool = False, progress: bool = True,
-        notebooks: list[Path] | None = None, jobs: int = 1) -> RunResult:
+        notebooks: list[Path] | None = None, jobs: int = 1, memory_check: bool = True,
+        device_memory_gb: float | None = None) -> RunResult:
     """Capture, analyse and execute every notebook for one capture setting; write a manifest.
 
     Parameters
@@ -233,10 +312,16 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
         Delete an existing run directory first; otherwise a rerun reuses what is
         finished (captures, analyses, notebooks whose source and parameters did
         not change) and refuses other capture or analysis settings.
-    progress : bool
-        Progress per document (with ETA) during the captures, per cell in the notebooks.
+    progress : bool or "lines"
+        Progress per document (with ETA) during the captures, per cell in the notebooks; ``"lines"``: plain
+        lines instead of bars (window k of n, seconds per window, ETA; one line per notebook), for log files.
     notebooks : list of Path, optional
         Notebooks to execute (default: every ``notebooks/NN_*.ipynb``).
+    memory_check : bool
+        Refuse, before any weights load, a capture whose planned peak memory exceeds the device
+        (:meth:`qkplast.capture.plan.CapturePlan.memory_problem`); False tries anyway.
+    device_memory_gb : float, optional
+        Memory of the device (one GPU) the plan is checked against (default: detected).
     jobs : int
         Notebooks executed at once, each in its own kernel (default 1). On a
         CPU machine 2 overlaps the single-threaded parts of one notebook
@@ -268,11 +353,22 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
 
         manifest["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     write_manifest(out, {**previous, **manifest})
-    targets = _targets(out, capture, parameters)
+    check_before_weights(Target(out, capture), memory_check, device_memory_gb)  # the run's own first, in seconds
+    code = code_capture(out, capture, parameters, previous)
+    manifest["code"] = {"corpus": parameters.get("code_corpus", CODE_CORPUS), "main": capture.result_key(),
+                        **code.to_dict()}
+    if progress:
+        print(f"[qkplast run] {code.note}", file=sys.stderr, flush=True)
+    write_manifest(out, {**previous, **manifest})
+    targets = _targets(out, capture, parameters, code)
 
     t0 = time.perf_counter()
-    capture_stage(targets, analysis, progress)
+    skipped = {}
+    capture_stage(targets, analysis, progress, skipped, memory_check=memory_check, device_memory_gb=device_memory_gb,
+                  checked={out})
     _timed(manifest, "capture", t0)
+    if out / CODE_DIR in skipped:
+        manifest["code"].update(status="failed", note=skipped[out / CODE_DIR])
     manifest["commit"] = open_dataset(out / "capture.nc").attrs.get("commit")
     write_manifest(out, manifest)
     if stage == "capture":
@@ -280,8 +376,9 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
 
     t0 = time.perf_counter()
     n_boot = int(parameters.get("n_boot", DEFAULT_REPLICATES)) if stage == "notebooks" else None
-    analyze_stage(targets, analysis, n_boot)
+    analyze_stage(targets, analysis, n_boot, manifest["timings_s"])
     _timed(manifest, "analyze", t0)
+    release_gpu_memory()  # the analyses' cached GPU blocks, before a notebook kernel loads the model
     write_manifest(out, manifest)
     if stage == "analyze":
         return _finish(out, manifest)

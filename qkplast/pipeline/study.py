@@ -28,8 +28,9 @@ from pathlib import Path
 
 import submitit
 
-from qkplast.rundir.study_file import (ATTEMPTS, DONE, RESOURCES, STAGES, STATE, RunSpec, Study, StudyError,
-                                       done_stage, is_done)
+from qkplast.errors import QkplastError
+from qkplast.rundir.study_file import (ATTEMPTS, DONE, GPU_MEMORY_GB, RESOURCES, STAGES, STATE, RunSpec, Study,
+                                       StudyError, done_stage, is_done)
 
 # --------------------------------------------------------------------------- one run (inside the job)
 
@@ -53,8 +54,9 @@ def execute_run(spec: RunSpec, stage: str, parameters: dict | None = None) -> No
     """
     from qkplast.pipeline.stages import run
 
+    # progress as plain lines (window k of n, seconds per window, ETA): a SLURM log is a file, not a terminal
     run(spec.capture, spec.run_dir, analysis=spec.analysis_options, parameters=parameters, stage=stage,
-        progress=False)
+        progress="lines")
 
 
 class RunJob(submitit.helpers.Checkpointable):
@@ -64,8 +66,8 @@ class RunJob(submitit.helpers.Checkpointable):
     object, and everything it needs to resume is on disk in the run directory.
     """
 
-    def __init__(self, spec: RunSpec, stage: str):
-        self.spec, self.stage = spec, stage
+    def __init__(self, spec: RunSpec, stage: str, commit: str | None = None, parameters: dict | None = None):
+        self.spec, self.stage, self.commit, self.parameters = spec, stage, commit, dict(parameters or {})
 
     def __call__(self) -> str:
         spec, run_dir = self.spec, self.spec.run_dir
@@ -79,12 +81,14 @@ class RunJob(submitit.helpers.Checkpointable):
                              "not starting a second writer")
         attempt = {"started": time.time(), "job_id": _job_id(), "host": os.uname().nodename, "pid": os.getpid(),
                    "parts_at_start": _parts_written(run_dir), "capture_done": (run_dir / "capture.nc").exists(),
-                   "metrics_done": (run_dir / "metrics.nc").exists()}
+                   "metrics_done": (run_dir / "metrics.nc").exists(),
+                   "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "commit": self.commit}
         with open(run_dir / ATTEMPTS, "a") as f:
             f.write(json.dumps(attempt) + "\n")
         _write_json(run_dir / STATE, {"state": "running", **attempt})
         try:
-            execute_run(spec, self.stage)
+            check_commit(spec, self.commit)
+            execute_run(spec, self.stage, self.parameters)
         except Exception as exc:  # recorded for --status, then re-raised so the job fails visibly
             _write_json(run_dir / STATE, {"state": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0],
                                           "traceback": traceback.format_exc(), **attempt})
@@ -92,6 +96,25 @@ class RunJob(submitit.helpers.Checkpointable):
         _write_json(run_dir / DONE, {"stage": self.stage, "finished": time.time(), "run": spec.to_dict()})
         _write_json(run_dir / STATE, {"state": "done", **attempt})
         return "done"
+
+
+def resolved_commit(spec: RunSpec) -> str | None:
+    """The commit a run's model name resolves to now (config only; None for a model outside a hub cache)."""
+    from qkplast.capture.models import load_config, quiet_transformers
+
+    with quiet_transformers():
+        return load_config(spec.capture.model, revision=spec.capture.revision)[1].get("commit")
+
+
+def check_commit(spec: RunSpec, commit: str | None) -> None:
+    """Refuse to (re)start a run whose model name now resolves to another commit than at validation."""
+    if commit is None:
+        return
+    now = resolved_commit(spec)
+    if now != commit:
+        raise StudyError(f"run {spec.name}: {spec.capture.model}@{spec.capture.revision or 'main'} resolved to commit "
+                         f"{commit} when the study was validated but to {now} now (the branch moved); pin "
+                         f"{spec.capture.model}@{commit} in the study, or validate and submit it again")
 
 
 def _job_id() -> str | None:
@@ -112,18 +135,62 @@ def _executor(study: Study, kind: str, resources: dict):
                                    slurm_max_num_timeout=int(resources.get("max_num_timeout", 3)))
         if "signal_delay_s" in resources:
             params["slurm_signal_delay_s"] = int(resources["signal_delay_s"])
+        if "gpu_type" in resources:  # a typed request: --gres=gpu:TYPE:N instead of --gpus-per-node=N
+            params.pop("gpus_per_node", None)
+            params["slurm_gres"] = f"gpu:{resources['gpu_type']}:{int(resources.get('gpus', 1))}"
         params["name"] = f"qkplast-{study.name}"
     elif kind == "local":
         ex = submitit.LocalExecutor(folder=folder, max_num_timeout=int(resources.get("max_num_timeout", 3)))
         params = {k: v for k, v in params.items() if k in ("timeout_min", "gpus_per_node")}
         if "signal_delay_s" in resources:
             params["signal_delay_s"] = int(resources["signal_delay_s"])
-        # the local executor cannot share GPUs between jobs: give them none unless asked
+        # each job is given its own GPUs at submission (submit); none unless asked
         params.setdefault("gpus_per_node", 0)
     else:
         raise StudyError(f"unknown executor {kind!r}; use local or slurm")
     ex.update_parameters(**params)
     return ex
+
+
+def visible_gpus() -> list[int]:
+    """The GPUs this host lets a process use: ``CUDA_VISIBLE_DEVICES`` when set, else every CUDA device."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+        return [int(x) for x in ids] if all(x.isdigit() for x in ids) else list(range(len(ids)))
+    import torch
+
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def gpus_per_job(spec: RunSpec) -> int:
+    """GPUs one job of this run needs: ``resources.gpus``, else one when its capture runs on CUDA."""
+    if "gpus" in spec.resources:
+        return int(spec.resources["gpus"])
+    return 1 if spec.capture.device.startswith("cuda") else 0
+
+
+def local_waves(runs: list[RunSpec], parallelism: int, gpus: list[int]) -> list[list[tuple[RunSpec, tuple]]]:
+    """The local executor's waves: at most ``parallelism`` jobs at once, and on a GPU host no more than the
+    visible GPUs hold, each job with its own devices (``CUDA_VISIBLE_DEVICES``).
+
+    Raises
+    ------
+    StudyError
+        A run needs more GPUs than are visible.
+    """
+    need = max((gpus_per_job(r) for r in runs), default=0)
+    if need > len(gpus):
+        raise StudyError(f"run {next(r.name for r in runs if gpus_per_job(r) == need)} needs {need} GPU(s) but "
+                         f"{len(gpus)} are visible here (CUDA_VISIBLE_DEVICES); use --executor slurm or fewer gpus")
+    width = max(1, int(parallelism))
+    if need:
+        width = min(width, len(gpus) // need)
+    waves = []
+    for start in range(0, len(runs), width):
+        wave = runs[start:start + width]
+        waves.append([(r, tuple(gpus[j * need:(j + 1) * need]) if need else ()) for j, r in enumerate(wave)])
+    return waves
 
 
 def _read_state(study: Study) -> dict:
@@ -132,9 +199,11 @@ def _read_state(study: Study) -> dict:
     return {"runs": {}}
 
 
-def _record(study: Study, stage: str, kind: str, jobs: dict) -> None:
+def _record(study: Study, stage: str, kind: str, jobs: dict, resolved: dict | None = None) -> None:
     state = _read_state(study)
     state.update({"name": study.name, "source": str(study.source), "study": study.raw, "order": [r.name for r in study.runs]})
+    if resolved:
+        state.setdefault("resolved", {}).update(resolved)
     for name, job in jobs.items():
         state["runs"][name] = {"job_id": str(job.job_id), "executor": kind, "stage": stage, "submitted": time.time(),
                                "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)}
@@ -150,31 +219,149 @@ def _groups(runs) -> list[list[RunSpec]]:
 
 
 def submit(study: Study, executor: str = "local", stage: str = "notebooks", echo=print) -> dict:
-    """Submit every run not yet done to ``stage``: one job each, one array per resource set.
+    """Validate, then submit every run not yet done to ``stage``: one job each, one array per resource set.
 
-    The local executor runs ``array_parallelism`` jobs at a time and waits for them (its jobs die with
-    this process); SLURM submits and returns. Returns ``{run name: job}`` of what was submitted.
+    Nothing is submitted unless every run to submit passes :func:`validate`. The local executor runs
+    ``array_parallelism`` jobs at a time (no more than the visible GPUs hold, each job on its own) and
+    waits for them (its jobs die with this process); SLURM submits and returns. Returns
+    ``{run name: job}`` of what was submitted.
     """
     if stage not in STAGES:
         raise StudyError(f"unknown stage {stage!r}; use one of {STAGES}")
     todo = _submittable(study, list(study.runs), stage, echo)
-    _record(study, stage, executor, {})
+    if executor == "local":
+        for group in _groups(todo):
+            local_waves(group, group[0].resources.get("array_parallelism", 1), visible_gpus())
+    resolved = validate(study, todo, echo, executor=executor) if todo else {}
+    _record(study, stage, executor, {}, resolved)
     submitted = {}
     for group in _groups(todo):
         ex = _executor(study, executor, group[0].resources)
         if executor == "slurm":
             with ex.batch():
-                jobs = [ex.submit(RunJob(r, stage)) for r in group]
+                jobs = [ex.submit(_job(study, r, stage, resolved)) for r in group]
             submitted.update(_note(study, stage, executor, group, jobs, echo))
         else:
-            width = max(1, int(group[0].resources.get("array_parallelism", 1)))
-            for start in range(0, len(group), width):
-                wave = _submittable(study, group[start:start + width], stage, lambda line: None)
-                jobs = [ex.submit(RunJob(r, stage)) for r in wave]
-                submitted.update(_note(study, stage, executor, wave, jobs, echo))
-                for r, job in zip(wave, jobs):
+            for wave in local_waves(group, group[0].resources.get("array_parallelism", 1), visible_gpus()):
+                live = {r.name for r in _submittable(study, [r for r, _ in wave], stage, lambda line: None)}
+                wave = [(r, devices) for r, devices in wave if r.name in live]
+                jobs = []
+                for r, devices in wave:
+                    ex.update_parameters(gpus_per_node=len(devices), visible_gpus=devices)
+                    jobs.append(ex.submit(_job(study, r, stage, resolved)))
+                submitted.update(_note(study, stage, executor, [r for r, _ in wave], jobs, echo))
+                for (r, _), job in zip(wave, jobs):
                     _wait_local(r, job, echo)
     return submitted
+
+
+def _job(study: Study, spec: RunSpec, stage: str, resolved: dict) -> "RunJob":
+    return RunJob(spec, stage, (resolved.get(spec.name) or {}).get("commit"), study.parameters)
+
+
+def dry_run(study: Study, executor: str = "slurm", stage: str = "notebooks", echo=print) -> list[str]:
+    """Validate, then show what :func:`submit` would submit, submitting nothing; returns the batch scripts.
+
+    For SLURM, the batch script submitit would write for each array (one per resource set), exactly as
+    generated; for the local executor, the waves and the GPUs each job would get.
+    """
+    if stage not in STAGES:
+        raise StudyError(f"unknown stage {stage!r}; use one of {STAGES}")
+    todo = _submittable(study, list(study.runs), stage, echo)
+    validate(study, todo, echo, executor=executor)
+    scripts = []
+    for group in _groups(todo):
+        names = ", ".join(r.name for r in group)
+        if executor == "local":
+            for i, wave in enumerate(local_waves(group, group[0].resources.get("array_parallelism", 1),
+                                                 visible_gpus()), 1):
+                echo(f"wave {i}: " + ", ".join(f"{r.name} (CUDA_VISIBLE_DEVICES={','.join(map(str, d)) or 'none'})"
+                                               for r, d in wave))
+            continue
+        script = slurm_script(study, group)
+        scripts.append(script)
+        echo(f"# sbatch script of the array of {len(group)} run(s): {names}")
+        echo(script)
+    echo(f"dry run: {len(todo)} run(s) validated, nothing submitted")
+    return scripts
+
+
+def slurm_script(study: Study, group: list[RunSpec]) -> str:
+    """The sbatch script submitit generates for one array of runs (``--array=0-N%parallelism``), unsubmitted."""
+    ex = _executor(study, "slurm", group[0].resources)
+    slurm = ex._executor  # submitit's SlurmExecutor behind the AutoExecutor: the one that writes the script
+    slurm.parameters["map_count"] = len(group)
+    try:
+        return slurm._make_submission_file_text(slurm._submitit_command_str, "dry-run")
+    finally:
+        slurm.parameters.pop("map_count", None)
+
+
+# --------------------------------------------------------------------------- validation (no weights)
+
+
+def validate(study: Study, runs: list[RunSpec] | None = None, echo=print, *, executor: str = "slurm") -> dict:
+    """Check every run on this host without weights; raise when any fails, after one line per failing run.
+
+    Per run: the model's config and tokenizer resolve (offline from the hub cache when ``HF_HUB_OFFLINE``),
+    the window fits the (RoPE-scaled) config, the attention kernel is linear in ``seq_len``, the corpus fills
+    ``docs`` windows with that run's tokenizer, and the planned peak memory fits the requested GPU
+    (``resources.gpu_memory_gb``, or the memory of ``resources.gpu_type``; the host's for CPU runs of the
+    local executor). Returns ``{run: {"model", "revision", "commit"}}``, the commit each name resolved to.
+
+    Raises
+    ------
+    StudyError
+        One or more runs failed (each printed through ``echo``); nothing should be submitted.
+    """
+    runs = list(study.runs if runs is None else runs)
+    resolved, failed, counted = {}, [], {}
+    for spec in runs:
+        try:
+            commit, note = _validate_run(spec, counted, executor)
+        except (QkplastError, OSError) as exc:
+            failed.append(spec.name)
+            echo(f"{spec.name}: INVALID: {' '.join(str(exc).split())}")
+            continue
+        resolved[spec.name] = {"model": spec.capture.model, "revision": spec.capture.revision, "commit": commit}
+        echo(f"{spec.name}: ok ({spec.capture.model}@{spec.capture.revision or 'main'} -> {commit or 'local'}; {note})")
+    if failed:
+        raise StudyError(f"{len(failed)} of {len(runs)} run(s) failed validation ({', '.join(failed)}; one line each "
+                         "above); nothing submitted")
+    return resolved
+
+
+def _gpu_memory(resources: dict) -> float | None:
+    if "gpu_memory_gb" in resources:
+        return float(resources["gpu_memory_gb"])
+    return GPU_MEMORY_GB.get(str(resources.get("gpu_type", "")).lower())
+
+
+def _validate_run(spec: RunSpec, counted: dict, executor: str) -> tuple[str | None, str]:
+    from qkplast.capture.corpus import count_windows, open_corpus_for
+    from qkplast.capture.models import check_seq_len, load_config, quiet_transformers, tokenizer_for
+    from qkplast.capture.plan import PlanError, plan_capture
+
+    o = spec.capture
+    cuda = o.device.startswith("cuda")
+    memory = _gpu_memory(spec.resources) if cuda else (spec.resources.get("mem_gb") if executor == "slurm" else None)
+    with quiet_transformers():
+        config, info = load_config(o.model, revision=o.revision, rope_scaling=o.rope_scaling)
+        tokenizer = tokenizer_for(o)
+        plan = plan_capture(o, device_memory_gb=memory, count=False, gpus=max(1, gpus_per_job(spec)))
+        check_seq_len(config, plan.options.seq_len, rope_scaling=info["rope_scaling"])
+        if plan.kernel_problem:
+            raise PlanError(plan.kernel_problem)
+        problem = plan.memory_problem()
+        if problem:
+            raise PlanError(problem + " (resources.gpu_memory_gb / gpu_type)")
+        p = plan.options
+        key = (o.model, o.revision, p.corpus, p.text_field, p.id_field, p.seq_len, p.short_docs, p.docs)
+        if key not in counted:
+            counted[key] = count_windows(open_corpus_for(p), tokenizer, p, strict=True)
+    checked = (f"expected peak {plan.peak_gb:.1f} GiB of {plan.device_memory_gb:.0f}" if plan.device_memory_gb
+               else "memory not checked (set resources.gpu_memory_gb)")
+    return info.get("commit"), f"{counted[key]} windows of {p.seq_len} tokens; {checked}"
 
 
 def _submittable(study: Study, runs: list[RunSpec], stage: str, echo) -> list[RunSpec]:
@@ -280,4 +467,5 @@ def format_status(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RunJob", "execute_run", "format_status", "status", "submit"]
+__all__ = ["RunJob", "check_commit", "dry_run", "execute_run", "format_status", "gpus_per_job", "local_waves",
+           "resolved_commit", "slurm_script", "status", "submit", "validate", "visible_gpus"]

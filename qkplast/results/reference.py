@@ -26,13 +26,15 @@ from pathlib import Path
 import pandas as pd
 import xarray as xr
 
+from qkplast._resources import resource_dir
+
 __all__ = [
     "DATA_DIR", "ReferenceDataError", "available", "citation_key", "data_dir", "load", "longbench",
     "quintile_profiles", "scalar", "scalar_range",
 ]
 
-#: Where the transcribed tables live: ``<repository>/data/thesis``.
-DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "thesis"
+#: Where the transcribed tables live: ``<repository>/data/thesis``, or the copy an installed wheel ships.
+DATA_DIR = resource_dir("data/thesis")
 
 
 class ReferenceDataError(FileNotFoundError):
@@ -45,20 +47,19 @@ def data_dir() -> Path:
     Returns
     -------
     pathlib.Path
-        ``data/thesis`` next to the ``qkplast`` package.
+        ``data/thesis`` of the checkout, or the wheel's copy (:func:`qkplast._resources.resource_dir`).
 
     Raises
     ------
     ReferenceDataError
-        If the directory does not exist (for example in an installed wheel,
-        which does not ship the repository's ``data/`` folder).
+        If the directory does not exist (a wheel built without its shipped copy).
     """
     path = Path(DATA_DIR)
     if not path.is_dir():
         raise ReferenceDataError(
             f"thesis reference data not found: {path} does not exist. The tables ship with the "
-            "qkplast repository (data/thesis/), not with an installed wheel; run from a checkout "
-            "or an editable install (pip install -e .)."
+            "qkplast repository (data/thesis/) and inside a wheel built by its setup.py; reinstall from "
+            "the repository (pip install .) or run from a checkout."
         )
     return path
 

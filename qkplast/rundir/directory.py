@@ -163,6 +163,11 @@ def ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOpt
     path = run_dir / "capture.nc"
     if not path.exists():
         run_capture(options, path, progress=progress, loaded=loaded)
+    leftover = run_dir / "capture.nc.parts"
+    if leftover.is_dir():  # a capture killed after writing its (atomic) file, before clearing its parts
+        import shutil
+
+        shutil.rmtree(leftover)
     manifest = read_manifest(run_dir) or {}
     if "capture" not in manifest:
         attrs = open_dataset(path).attrs
@@ -369,8 +374,33 @@ class Run:
         return {k: v for k, v in self.analysis.to_dict().items() if k != "seed" and v != default[k]}
 
     def on_corpus(self, corpus: str, subdir: str = CODE_DIR) -> "Run":
-        """The same capture and analysis settings on another corpus, in ``RUN/<subdir>`` (notebook 09's code)."""
+        """The same capture and analysis settings on another corpus, in ``RUN/<subdir>``."""
         return _open_run(self.dir / subdir, replace(self.options, corpus=corpus), self.analysis)
+
+    def code(self, corpus: str) -> tuple["Run | None", str]:
+        """The run's capture of a second corpus (notebook 09's code) as ``qkplast run`` sized it, and a note.
+
+        ``qkplast run`` records in the manifest how the code capture was sized to what ``corpus`` yields
+        (:func:`qkplast.capture.plan.size_code_capture`) or why it was left out; a run made otherwise is sized
+        here (tokenizer only) and captured on first use. Returns ``(None, note)`` when there is no code capture.
+        """
+        from qkplast.capture.models import quiet_transformers
+        from qkplast.capture.plan import CodeCapture, size_code_capture
+
+        manifest = read_manifest(self.dir) or {}
+        record = manifest.get("code") or {}
+        if record.get("corpus") == corpus:
+            sized = CodeCapture.from_dict(record)
+            if record["status"] == "failed":
+                return None, record["note"]
+        else:
+            with quiet_transformers():
+                sized = size_code_capture(self.options, corpus)
+            manifest["code"] = {"corpus": corpus, "main": self.options.result_key(), **sized.to_dict()}
+            write_manifest(self.dir, manifest)
+        if sized.options is None:
+            return None, sized.note
+        return _open_run(self.dir / CODE_DIR, sized.options, self.analysis), sized.note
 
     def header(self) -> str:
         """One line naming what the run holds: heads, model, windows, tokens and corpus."""

@@ -12,7 +12,10 @@ A study file names the runs::
 
 Keys of ``defaults`` and of a model entry are :class:`~qkplast.options.CaptureOptions` fields, plus
 ``analysis`` (:class:`~qkplast.options.AnalysisOptions` overrides), ``id``, ``name`` and, in an
-entry, ``resources`` (overrides of the study's). Parsing imports nothing that submits jobs: the
+entry, ``resources`` (overrides of the study's: :data:`RESOURCES`, SLURM's ``account``, ``qos``,
+``constraint``, ``gpu_type``, ``setup`` and ``sbatch`` among them). At the top, ``allow_floating: true``
+accepts revisions that are branch or tag names (:func:`is_pinned`; refused otherwise, naming the entry) and
+``parameters`` sets notebook parameters for every run. Parsing imports nothing that submits jobs: the
 submission (:mod:`qkplast.pipeline.study`) and the cross-run tables (:mod:`qkplast.results.crossrun`)
 both read studies from here. A finished run writes ``RUN/study-done.json`` (:func:`is_done`).
 """
@@ -34,16 +37,27 @@ DONE, STATE, ATTEMPTS = "study-done.json", "study-state.json", "study-attempts.j
 STUDY_JSON = "study.json"
 
 CAPTURE_FIELDS = tuple(f.name for f in fields(CaptureOptions))
-#: study resources -> submitit parameter (``slurm_`` prefixed ones only reach SLURM)
+#: study resources -> submitit parameter (``slurm_`` prefixed ones only reach SLURM; None: read by qkplast)
 RESOURCES = {"gpus": "gpus_per_node", "timeout_min": "timeout_min", "mem_gb": "mem_gb",
              "partition": "slurm_partition", "array_parallelism": "slurm_array_parallelism",
-             "cpus": "cpus_per_task", "max_num_timeout": None, "signal_delay_s": None}
+             "cpus": "cpus_per_task", "max_num_timeout": None, "signal_delay_s": None,
+             "account": "slurm_account", "qos": "slurm_qos", "constraint": "slurm_constraint",
+             "gpu_type": None, "setup": "slurm_setup", "sbatch": "slurm_additional_parameters",
+             "gpu_memory_gb": None}
+#: resources given as text (the others are numbers, but ``setup``, shell lines, and ``sbatch``, a mapping)
+TEXT_RESOURCES = ("partition", "account", "qos", "constraint", "gpu_type")
+#: memory of one GPU of a named ``gpu_type`` (GiB), for the validation's memory check when ``gpu_memory_gb`` is
+#: not given; the largest published variant of each
+GPU_MEMORY_GB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180, "l40s": 48, "a40": 48, "v100": 32, "a10": 24,
+                 "rtx6000": 48}
 DEFAULT_RESOURCES = {"timeout_min": 60, "max_num_timeout": 3, "array_parallelism": 1}
-TOP_KEYS = ("name", "out", "defaults", "resources", "models", "description")
+TOP_KEYS = ("name", "out", "defaults", "resources", "models", "description", "allow_floating", "parameters")
+#: a pinned revision: a full commit hash (a branch or tag name can move, so it floats)
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 ENTRY_KEYS = (*CAPTURE_FIELDS, "analysis", "id", "name", "resources")
 
-__all__ = ["ATTEMPTS", "DONE", "STATE", "STUDY_JSON", "RunSpec", "Study", "StudyError", "done_stage", "is_done",
-           "load_study", "parse_study", "run_dirs", "slug"]
+__all__ = ["ATTEMPTS", "DONE", "GPU_MEMORY_GB", "STATE", "STUDY_JSON", "RunSpec", "Study", "StudyError", "done_stage",
+           "is_done", "is_pinned", "load_study", "parse_study", "run_dirs", "slug"]
 
 
 class StudyError(QkplastError):
@@ -80,6 +94,8 @@ class Study:
     description: str = ""
     resources: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)
+    allow_floating: bool = False
+    parameters: dict = field(default_factory=dict)  # notebook parameters of every run (``-p`` of qkplast run)
 
     @property
     def state_path(self) -> Path:
@@ -109,11 +125,43 @@ def _check_keys(where: str, mapping, allowed) -> None:
 
 
 def _resources(where: str, res: dict) -> dict:
-    _check_keys(where, res, RESOURCES)
+    if not isinstance(res, dict):
+        raise StudyError(f"{where}: expected a mapping, got {type(res).__name__}")
+    unknown = sorted(set(res) - set(RESOURCES))
+    if unknown:
+        raise StudyError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(RESOURCES)}")
+    res = dict(res)
     for k, v in res.items():
-        if k != "partition" and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+        if k in TEXT_RESOURCES:
+            if not isinstance(v, str) or not v.strip():
+                raise StudyError(f"{where}: {k} must be a non-empty string, got {v!r}")
+        elif k == "setup":
+            lines = [v] if isinstance(v, str) else v
+            if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+                raise StudyError(f"{where}: setup must be a shell line or a list of them, got {v!r}")
+            res[k] = list(lines)
+        elif k == "sbatch":
+            if not isinstance(v, dict) or not all(isinstance(x, str) and isinstance(y, (str, int, float, bool))
+                                                  for x, y in v.items()):
+                raise StudyError(f"{where}: sbatch must map sbatch option names to values "
+                                 f"(e.g. {{exclusive: true, mail-type: END}}), got {v!r}")
+            res[k] = {x.lstrip("-").replace("-", "_"): y for x, y in v.items()}
+        elif not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
             raise StudyError(f"{where}: {k} must be a non-negative number, got {v!r}")
     return res
+
+
+def is_pinned(capture: CaptureOptions) -> bool:
+    """Whether a run's model names a fixed commit: a 40-hex revision, a local directory or the embedded model.
+
+    A hub id at a branch or tag (``main`` when none is given) is floating: it can resolve to another commit
+    tomorrow.
+    """
+    from qkplast.capture.models import DEFAULT_MODEL
+
+    if capture.model == DEFAULT_MODEL or Path(capture.model).expanduser().exists():
+        return True
+    return bool(capture.revision and _COMMIT.fullmatch(capture.revision))
 
 
 def _run_spec(i: int, entry, defaults: dict, base_resources: dict, out: Path) -> RunSpec:
@@ -144,8 +192,18 @@ def _run_spec(i: int, entry, defaults: dict, base_resources: dict, out: Path) ->
     return RunSpec(name, ident, capture, analysis, res, out / name)
 
 
+def _check_floating(where: str, capture: CaptureOptions) -> None:
+    if not is_pinned(capture):
+        revision = capture.revision or "main"
+        raise StudyError(f"{where}: revision {revision!r} of {capture.model} is a branch or tag, which can move; pin "
+                         f"it as {capture.model}@<40-hex commit> (qkplast study FILE --validate prints the commit "
+                         "it resolves to now) or set 'allow_floating: true' at the top of the study")
+
+
 def parse_study(data: dict, source: Path, out: str | os.PathLike | None = None) -> Study:
     """Validate a study mapping; every problem is a :class:`StudyError` naming the entry."""
+    if isinstance(data, dict) and "train" in data:
+        raise StudyError(f"{source} is a training study (it has 'train:'); run it with: qkplast train {source}")
     _check_keys(str(source), data, TOP_KEYS)
     for key in ("name", "models"):
         if not data.get(key):
@@ -156,15 +214,24 @@ def parse_study(data: dict, source: Path, out: str | os.PathLike | None = None) 
     _check_keys(f"{source}: defaults", defaults, (*CAPTURE_FIELDS, "analysis"))
     resources = {**DEFAULT_RESOURCES, **_resources(f"{source}: resources", data.get("resources") or {})}
     out = Path(out or data.get("out") or Path("runs") / str(data["name"])).resolve()
+    allow_floating = data.get("allow_floating", False)
+    if not isinstance(allow_floating, bool):
+        raise StudyError(f"{source}: allow_floating must be true or false, got {allow_floating!r}")
+    parameters = data.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise StudyError(f"{source}: parameters must map notebook parameter names to values, got {parameters!r}")
     runs, seen = [], {}
     for i, entry in enumerate(data["models"]):
         spec = _run_spec(i, entry, defaults, resources, out)
+        if not allow_floating:
+            _check_floating(_entry_label(i, entry), spec.capture)
         if spec.name in seen:
             raise StudyError(f"{_entry_label(i, entry)}: duplicate name {spec.name!r} (also models[{seen[spec.name]}]);"
                              " give one of them a 'name'")
         seen[spec.name] = i
         runs.append(spec)
-    return Study(str(data["name"]), out, source, tuple(runs), str(data.get("description", "")), resources, data)
+    return Study(str(data["name"]), out, source, tuple(runs), str(data.get("description", "")), resources, data,
+                 allow_floating, dict(parameters))
 
 
 def load_study(path: str | os.PathLike, out: str | os.PathLike | None = None) -> Study:
