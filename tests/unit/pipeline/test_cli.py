@@ -9,6 +9,7 @@ import qkplast
 from qkplast.pipeline.cli import main
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.theory.planted import planted_capture
+from tests.helpers import one_line_error
 
 
 @pytest.fixture
@@ -43,20 +44,9 @@ def test_analyze_missing_capture(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def _one_line_error(capsys, argv, *needles):
-    """Run ``qkplast argv``; assert exit 2, exactly one line on stderr containing every needle, no traceback."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"qkplast {argv[0]}: error: ") and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
 def test_bad_choice_is_rejected(capture_file, tmp_path, capsys):
     _, path = capture_file
-    _one_line_error(capsys, ["analyze", str(path), "--out", str(tmp_path / "m.nc"), "--covariance", "banded"],
+    one_line_error(capsys, ["analyze", str(path), "--out", str(tmp_path / "m.nc"), "--covariance", "banded"],
                     "invalid choice: 'banded'", "--help")
 
 
@@ -64,7 +54,7 @@ def test_bad_choice_is_rejected(capture_file, tmp_path, capsys):
 def test_corrupt_or_foreign_file_is_one_line(tmp_path, capsys, content):
     bad = tmp_path / "bad.nc"
     bad.write_bytes(content)
-    _one_line_error(capsys, ["analyze", str(bad), "--out", str(tmp_path / "m.nc")], "bad.nc", "not a readable netCDF-4")
+    one_line_error(capsys, ["analyze", str(bad), "--out", str(tmp_path / "m.nc")], "bad.nc", "not a readable netCDF-4")
     assert not (tmp_path / "m.nc").exists()
 
 
@@ -72,7 +62,7 @@ def test_truncated_capture_is_one_line(capture_file, tmp_path, capsys):
     _, path = capture_file
     cut = tmp_path / "cut.nc"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    _one_line_error(capsys, ["analyze", str(cut), "--out", str(tmp_path / "m.nc")], "cut.nc")
+    one_line_error(capsys, ["analyze", str(cut), "--out", str(tmp_path / "m.nc")], "cut.nc")
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -89,13 +79,13 @@ def test_truncated_capture_is_one_line(capture_file, tmp_path, capsys):
     (["run", "--jobs", "two"], ["--jobs", "at least 1, got 'two'"]),
 ])
 def test_bad_flags_and_parameters_are_one_line(capsys, argv, needles):
-    _one_line_error(capsys, argv, *needles)
+    one_line_error(capsys, argv, *needles)
 
 
 def test_revision_not_found_offline_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    _one_line_error(capsys, ["capture", "--out", str(tmp_path / "c.nc"), "--model", "nobody/nothing@no-such-branch",
+    one_line_error(capsys, ["capture", "--out", str(tmp_path / "c.nc"), "--model", "nobody/nothing@no-such-branch",
                              "--corpus", "pydoc-topics", "--seq-len", "128", "--bucket-size", "8", "--docs", "1"],
                     "nobody/nothing")
     assert not (tmp_path / "c.nc").exists()
@@ -146,22 +136,3 @@ def test_run_parameter_values_are_python_literals():
     assert _literal("16") == 16 and _literal("0.5") == 0.5 and _literal("True") is True and _literal("none") is None
     assert _literal("['a@r1', 'b']") == ["a@r1", "b"] and _literal('{"covariance": "full"}') == {"covariance": "full"}
     assert _literal("stdlib-code") == "stdlib-code" and _literal("yarn:4:32768") == "yarn:4:32768"
-
-
-@pytest.mark.integration
-def test_dry_run_prints_the_plan_and_captures_nothing(tmp_path, capsys):
-    """The planner reads config and tokenizer only: windows, heads, expected peak, verdict; no run directory."""
-    out = tmp_path / "run"
-    assert main(["run", "--dry-run", "--preset", "fast", "--docs", "3", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "windows (yielded / wanted)  3 / 3" in text and "2048 / 128 (16 buckets)" in text
-    assert "verdict                     fits" in text and "dry run: nothing captured" in text
-    assert not out.exists()
-
-
-@pytest.mark.integration
-def test_dry_run_refuses_what_does_not_fit(capsys):
-    _one_line_error(capsys, ["run", "--dry-run", "--preset", "fast", "--device-memory-gb", "0.05"],
-                    "exceeds the 0.1 GiB")
-    _one_line_error(capsys, ["plan", "--preset", "fast", "--corpus", "pydoc-topics", "--docs", "100000"],
-                    "yields", "100000")

@@ -1,40 +1,19 @@
-"""Studies: validation of study files, the shipped studies against the thesis, submitit jobs that resume
-after a forced timeout (local executor), and a real one-node SLURM cluster running a two-run study."""
+"""Studies: validation of study files, the shipped studies against the thesis, status, and the cross-run tables
+(real jobs: tests/acceptance/pipeline/test_study.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-import transformers as T
-import yaml
 
 from qkplast.results import reference
-from qkplast.pipeline.cli import main
-from qkplast.pipeline.study import (STAGES, StudyError, format_status, is_done, load_study, parse_study, slug, status)
-from test_capture import COMMON, tiny_tokenizer
+from qkplast.pipeline.study import (StudyError, load_study, parse_study, slug, status)
+from tests.helpers import ROOT, cli, write_yaml
 
-ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ROOT / "studies"
 
 
-def _write(path: Path, data: dict) -> Path:
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def _cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-# --------------------------------------------------------------------------- validation (unit)
+# --------------------------------------------------------------------------- validation
 
 
 def test_entries_merge_defaults_and_split_revision(tmp_path):
@@ -65,10 +44,10 @@ def test_entries_merge_defaults_and_split_revision(tmp_path):
     ([{"id": "a/b", "name": "../x"}], r"models\[0\] \(\.\./x\): name '\.\./x'"),
 ])
 def test_bad_entries_are_refused_naming_the_entry(tmp_path, capsys, models, message):
-    path = _write(tmp_path / "bad.yaml", {"name": "bad", "out": str(tmp_path / "out"), "models": models})
+    path = write_yaml(tmp_path / "bad.yaml", {"name": "bad", "out": str(tmp_path / "out"), "models": models})
     with pytest.raises(StudyError, match=message):
         load_study(path)
-    code, out, err = _cli(capsys, "study", str(path))
+    code, out, err = cli(capsys, "study", str(path))
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("qkplast study: error: ")
     assert not (tmp_path / "out").exists()  # nothing submitted, nothing written
@@ -85,14 +64,14 @@ def test_unknown_top_level_and_default_keys_are_refused(tmp_path):
 
 
 def test_status_of_a_fresh_study_is_pending(tmp_path, capsys):
-    path = _write(tmp_path / "s.yaml", {"name": "s", "out": str(tmp_path / "o"), "models": [{"id": "a/b"}, {"id": "c"}]})
+    path = write_yaml(tmp_path / "s.yaml", {"name": "s", "out": str(tmp_path / "o"), "models": [{"id": "a/b"}, {"id": "c"}]})
     rows = status(load_study(path))
     assert [(r["run"], r["state"]) for r in rows] == [("a-b", "pending"), ("c", "pending")]
-    code, out, _ = _cli(capsys, "study", str(path), "--status")
+    code, out, _ = cli(capsys, "study", str(path), "--status")
     assert code == 0 and out.splitlines() == ["a-b: pending", "c: pending"]
 
 
-# --------------------------------------------------------------------------- the shipped studies (unit)
+# --------------------------------------------------------------------------- the shipped studies
 
 
 def test_thesis_study_matches_table_5_1():
@@ -135,145 +114,7 @@ def test_local_study_is_the_embedded_model_on_this_machine():
     assert not is_checkpoint_series(study)
 
 
-# --------------------------------------------------------------------------- real jobs (acceptance)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A tiny random Llama checkpoint with its tokenizer, saved like a downloaded model."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def wide_dir(tmp_path_factory):
-    """A random Llama of 4 layers, width 512 (38 MB): a 1024-token window costs a measurable forward."""
-    path = tmp_path_factory.mktemp("wide-llama")
-    config = {**COMMON, "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
-              "num_key_value_heads": 4, "head_dim": 64, "num_hidden_layers": 4, "max_position_embeddings": 1024}
-    T.LlamaForCausalLM(T.LlamaConfig(**config)).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
-
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-
-
-def _qkplast(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *args], capture_output=True, text=True,
-                          env=env or _env(), timeout=timeout)
-
-
-@pytest.mark.acceptance
-def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, wide_dir):
-    # Run "a" gets the timeout signal 15 s into each attempt (30 s limit, 15 s signal delay) and has more
-    # windows than one attempt captures (40 windows of 1024 tokens, about 0.5 s each on an idle core, after a few
-    # seconds of start-up; a 30 s signal let an idle machine finish 60 in the first attempt, leaving nothing
-    # to resume), so
-    # it spans several attempts, each resuming from the parts on disk. Run "b" is small and has its own
-    # resources (a second job group); it finishes at once.
-    docs = 40
-    study = _write(tmp_path / "s.yaml", {
-        "name": "requeue", "out": str(tmp_path / "out"),
-        "defaults": {"corpus": "stdlib-code", "seq_len": 1024, "bucket_size": 64, "samples_per_bucket": 2,
-                     "heads": 5, "docs": docs},
-        "resources": {"timeout_min": 0.5, "signal_delay_s": 15, "max_num_timeout": 15},
-        "models": [{"id": str(wide_dir), "name": "a"},
-                   {"id": str(wide_dir), "name": "b", "seed": 1, "docs": 2, "resources": {"timeout_min": 10}}]})
-    r = _qkplast("study", str(study), "--executor", "local", "--stage", "capture")
-    jobs = json.loads((tmp_path / "out" / "study.json").read_text())["runs"]
-    first_job = jobs["a"]["job_id"]
-    # On a busy machine the local executor's retries (6 at most) may end before the capture does; running
-    # the study again resumes it (the other way a run resumes), and submits only the unfinished run.
-    for _ in range(3):
-        if r.returncode == 0:
-            break
-        assert "a: failed" in r.stdout and "run the study again to resume it" in r.stdout, r.stdout + r.stderr
-        r = _qkplast("study", str(study), "--executor", "local", "--stage", "capture")
-        assert "b: done (capture), not submitted" in r.stdout
-    assert r.returncode == 0, r.stdout + r.stderr
-    jobs = json.loads((tmp_path / "out" / "study.json").read_text())["runs"]
-    assert r.stdout.strip().splitlines()[-2:] == [f"{n}: done (job {jobs[n]['job_id']})" for n in ("a", "b")]
-    from qkplast.io import open_capture
-
-    attempts = {n: [json.loads(line) for line in (tmp_path / "out" / n / "study-attempts.jsonl").read_text().splitlines()]
-                for n in ("a", "b")}
-    a = attempts["a"]
-    first = [x for x in a if x["job_id"] == first_job]
-    assert len(first) >= 2, f"the job was never requeued ({a})"  # requeued as the same job
-    # an attempt that starts after the prose capture is complete (the batch then captures the code corpus)
-    # finds its parts merged into capture.nc: it counts as all documents done
-    resumed = [docs if x.get("capture_done") else x["parts_at_start"] for x in a[1:]]
-    assert max(x["parts_at_start"] for x in first[1:]) > 0, f"no requeued attempt found parts to resume from ({a})"
-    assert resumed == sorted(resumed) and resumed[-1] <= docs  # parts only added; the last attempt finished the rest
-    assert len(attempts["b"]) == 1
-    assert "timed-out" in (tmp_path / "out" / "logs" / first_job / f"{first_job}_0_log.err").read_text()
-    for name, docs in (("a", docs), ("b", 2)):
-        run = tmp_path / "out" / name
-        cap = open_capture(run / "capture.nc")
-        assert cap.attrs["docs"] == docs and len(set(cap.doc.values)) == docs
-        assert is_done(run, "capture") and not is_done(run, "analyze")
-        assert not (run / "capture.nc.parts").exists()
-    assert all(Path(v["stdout"]).exists() for v in jobs.values())
-    # a second invocation submits nothing: both runs are done to this stage
-    again = _qkplast("study", str(study), "--executor", "local", "--stage", "capture")
-    assert again.returncode == 0 and "submitted job" not in again.stdout and again.stdout.count("not submitted") == 2
-
-
-@pytest.fixture
-def slurm(tmp_path_factory):
-    """A one-node SLURM cluster (munged, slurmctld, slurmd) for the test; stopped afterwards."""
-    from slurm_cluster import Cluster, ClusterError, missing_binaries
-
-    if os.geteuid() != 0:
-        pytest.skip("the SLURM daemons need root to start (slurmd runs jobs as their user)")
-    missing = missing_binaries()
-    if missing:
-        pytest.fail(f"SLURM test cluster: {missing} not installed (apt-get install slurm-wlm munge; .ci/run does)")
-    cluster = Cluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        cluster.stop()
-        pytest.fail(f"SLURM test cluster did not start: {exc}")
-    yield cluster
-    cluster.stop()
-
-
-@pytest.mark.acceptance
-def test_a_two_run_study_runs_on_a_one_node_slurm_cluster(tmp_path, tiny_dir, slurm):
-    study = _write(tmp_path / "s.yaml", {
-        "name": "slurm", "out": str(tmp_path / "out"),
-        "defaults": {"corpus": "pydoc-topics", "seq_len": 64, "bucket_size": 16, "samples_per_bucket": 2,
-                     "heads": 5, "docs": 4},
-        "resources": {"timeout_min": 10, "mem_gb": 1, "cpus": 1, "array_parallelism": 2, "partition": "debug"},
-        "models": [{"id": str(tiny_dir), "name": "a"}, {"id": str(tiny_dir), "name": "b", "seed": 1}]})
-    env = {**_env(), **{"SLURM_CONF": str(slurm.conf)}}
-    r = _qkplast("study", str(study), "--executor", "slurm", "--stage", "analyze", env=env, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "submitted 2 job(s)" in r.stdout
-    jobs = json.loads((tmp_path / "out" / "study.json").read_text())["runs"]
-    array = {v["job_id"].split("_")[0] for v in jobs.values()}
-    assert len(array) == 1 and sorted(v["job_id"].split("_")[1] for v in jobs.values()) == ["0", "1"]  # one array
-    deadline, lines = time.monotonic() + 240, ""
-    while time.monotonic() < deadline:
-        s = _qkplast("study", str(study), "--status", env=env, timeout=60)
-        lines = s.stdout
-        if all(": done" in line or ": failed" in line for line in lines.splitlines()):
-            break
-        time.sleep(3)
-    assert lines.splitlines() == [f"{n}: done (job {jobs[n]['job_id']})" for n in ("a", "b")], (
-        lines + "\n" + "\n".join(Path(v["stderr"]).read_text()[-2000:] for v in jobs.values() if Path(v["stderr"]).exists()))
-    for name in ("a", "b"):
-        assert (tmp_path / "out" / name / "metrics.nc").exists() and is_done(tmp_path / "out" / name, "analyze")
-    assert STAGES == ("capture", "analyze", "notebooks") and "done" in format_status(status(load_study(study)))
-
-
-# --------------------------------------------------------------------------- the cross-run tables (unit)
+# --------------------------------------------------------------------------- the cross-run tables
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +129,7 @@ def planted_study(tmp_path_factory):
     from qkplast.theory.planted import planted_capture
 
     root = tmp_path_factory.mktemp("study")
-    path = _write(root / "s.yaml", {"name": "planted", "out": str(root / "out"), "models": [
+    path = write_yaml(root / "s.yaml", {"name": "planted", "out": str(root / "out"), "models": [
         {"id": "Qwen/Qwen3-4B", "name": "Qwen-3-4B"}, {"id": "meta-llama/Llama-3.2-3B"}, {"id": "x/other"},
         {"id": "x/never-ran"}]})
     study = load_study(path)
@@ -379,7 +220,7 @@ def test_compare_reads_every_analysed_run_of_a_study(planted_study, tmp_path, ca
 
     table = batch.compare([planted_study.source])
     assert list(table.index) == ["Qwen-3-4B", "meta-llama-llama-3.2-3b", "x-other"]  # study order, analysed runs
-    code, out, _ = _cli(capsys, "compare", str(planted_study.source), "--out", str(tmp_path / "t.csv"))
+    code, out, _ = cli(capsys, "compare", str(planted_study.source), "--out", str(tmp_path / "t.csv"))
     assert code == 0 and (tmp_path / "t.csv").read_text().count("\n") == 4
     written = crossrun.write_compare(planted_study, tmp_path / "tables")
     assert sorted(p.stem for p in written) == ["benchmark", "geometry", "summary", "table_6_1"]
@@ -390,7 +231,7 @@ def test_a_checkpoint_series_gets_the_trajectory_in_study_order(planted_study, t
 
     from qkplast.results import crossrun
 
-    path = _write(tmp_path / "c.yaml", {"name": "series", "out": str(tmp_path / "out"), "models": [
+    path = write_yaml(tmp_path / "c.yaml", {"name": "series", "out": str(tmp_path / "out"), "models": [
         {"id": "org/ckpts@stage1-step-40000", "name": "stg1_40k"}, {"id": "org/ckpts@lc-x", "name": "late"}]})
     study = load_study(path)
     for r, src in zip(study.runs, planted_study.runs[:2]):
@@ -400,22 +241,3 @@ def test_a_checkpoint_series_gets_the_trajectory_in_study_order(planted_study, t
     t = crossrun.trajectory(study)
     assert list(t.index) == ["stg1_40k", "late"] and list(t["thesis row"]) == ["stg1 40K", ""]
     assert "trajectory" in crossrun.compare_tables(study)
-
-
-def test_a_live_run_is_not_submitted_twice_and_a_dead_one_is_failed(tmp_path, capsys):
-    from qkplast.pipeline.study import STATE, submit
-
-    path = _write(tmp_path / "s.yaml", {"name": "s", "out": str(tmp_path / "o"), "models": [{"id": "a/b"}]})
-    study = load_study(path)
-    run = study.runs[0].run_dir
-    run.mkdir(parents=True)
-    (run / STATE).write_text(json.dumps({"state": "running", "pid": os.getpid(), "host": os.uname().nodename}))
-    lines = []
-    assert submit(study, "local", "capture", echo=lines.append) == {}
-    assert lines == ["a-b: running (job None), not submitted"]
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (run / STATE).write_text(json.dumps({"state": "running", "pid": int(dead.stdout), "host": os.uname().nodename}))
-    row = status(study)[0]
-    assert row["state"] == "failed" and "run the study again to resume it" in row["reason"]
-    code, out, _ = _cli(capsys, "study", str(path), "--status")
-    assert code == 0 and out.startswith("a-b: failed: the job ended without finishing")

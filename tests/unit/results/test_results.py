@@ -92,33 +92,6 @@ def test_trajectory_table_and_corpus_comparison(metrics):
         assert "95% BCa" in w.columns and c.loc["ap_drop BCa interval", "x"].startswith("[")
 
 
-def test_checkpoint_metrics_over_local_checkpoints(tmp_path, monkeypatch):
-    import torch
-    import transformers as T
-    from test_capture import COMMON, tiny_tokenizer
-
-    ckpts = []
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        path = tmp_path / f"step-{seed}"
-        T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).save_pretrained(path)
-        tiny_tokenizer().save_pretrained(path)
-        ckpts.append(str(path))
-    params = dict(corpus="pydoc-topics", docs=4, seq_len=128, bucket_size=16, samples_per_bucket=3, heads=6, seed=0,
-                  device="cpu", dtype="auto", rope_scaling=None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlasticityWarning)
-        got = results.checkpoint_metrics(ckpts, tmp_path / "run", **params)
-    assert list(got) == ckpts
-    table = results.trajectory_table(got)
-    assert table.shape == (2, 6) and table.iloc[0]["bias_str"] != table.iloc[1]["bias_str"]
-    import qkplast.capture.driver
-
-    monkeypatch.setattr(qkplast.capture.driver, "run_capture", lambda *a, **k: pytest.fail("recaptured"))
-    again = results.checkpoint_metrics(ckpts, tmp_path / "run", **params)
-    assert again[ckpts[0]].identical(got[ckpts[0]])
-
-
 def test_bias_share_quantiles_and_signs():
     import xarray as xr
     bias = np.array([1.0, 2.0, -1.0, 0.0, 4.0])

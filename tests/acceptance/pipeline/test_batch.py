@@ -1,0 +1,60 @@
+"""A papermill batch on a tiny configuration of the embedded model produces every artifact, and a rerun executes
+nothing again."""
+
+import json
+
+import nbformat
+
+from qkplast.pipeline import batch
+from tests.helpers import NOTEBOOKS
+
+
+TINY = {"docs": 2, "seq_len": 256, "bucket_size": 32, "samples_per_bucket": 4, "heads": 12}
+
+
+#: Notebook parameters of the tiny batch: small grids for the two chapters beyond the thesis (nbval runs their
+#: defaults, the rehearsal runs them on random-weight models), so the batch tests the plumbing in about a minute.
+TINY_NOTEBOOKS = {"n_boot": 4, "n_perm": 20, "ks": [2], "n_random": 2, "distances": [32, 64], "copy_windows": 2,
+                  "copy_seq_len": 160, "rope_factors": [2.0], "window_factors": [1], "cond_docs": 2}
+
+
+def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
+    from dataclasses import fields
+
+    from qkplast import AnalysisOptions, CaptureOptions
+    from qkplast.io import open_capture, open_dataset
+    from qkplast.options import PRESETS
+
+    out = tmp_path / "run"
+    tiny = CaptureOptions(**{**PRESETS["fast"].to_dict(), **TINY})
+    result = batch.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters=TINY_NOTEBOOKS, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest == json.loads(json.dumps(result.manifest, default=str))
+    # one set of names: CaptureOptions fields == manifest keys == capture attrs, same values
+    attrs = open_capture(out / "capture.nc").attrs
+    assert list(manifest["capture"]) == [f.name for f in fields(CaptureOptions)]
+    for name, value in manifest["capture"].items():
+        assert name in attrs, f"capture attrs lack {name}"
+        if name not in ("device", "dtype"):
+            assert attrs[name] == value, (name, attrs[name], value)
+    assert "commit" in attrs and "revision" in attrs and manifest["commit"] == attrs["commit"]
+    assert (out / "metrics.nc").is_file() and (out / "code" / "capture.nc").is_file()
+    assert open_dataset(out / "metrics.nc").attrs["options"]["n_pairs"] == 32
+    names = sorted(p.name for p in (out / "notebooks").glob("*.ipynb"))
+    assert names == sorted(p.with_suffix(".ipynb").name for p in NOTEBOOKS)
+    for name in names:
+        nb = nbformat.read(out / "notebooks" / name, 4)
+        errors = [
+            o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
+        ]
+        assert not errors, name
+        injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        assert injected and f'run_dir = "{out.resolve()}"' in injected[0].source
+    assert set(manifest["versions"]) >= {"qkplast", "torch", "transformers", "papermill"}
+    table = batch.compare([out])
+    assert table.loc["run", "seq_len"] == 256 and 0 < table.loc["run", "ap_overall"] < 1
+    profiles = batch.context_profiles([out, out])
+    assert profiles.dims == ("run", "context_bin") and profiles.sizes["context_bin"] == 5
+    # a rerun executes nothing again
+    again = batch.run(tiny, out, parameters=TINY_NOTEBOOKS, progress=False)
+    assert [e["seconds"] for e in again.manifest["notebooks"]] == [e["seconds"] for e in manifest["notebooks"]]
