@@ -8,7 +8,6 @@ stay allowed: the rule is about what a test runs, not what an import looks up.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -47,18 +46,18 @@ def _refuse(what):
 
 @pytest.fixture(scope="module", autouse=True)
 def _unit_tier_rule():
-    """Turn a subprocess, a model loaded from disk or the embedded model's preparation into a failure naming it.
+    """Turn a subprocess, a model loaded through qkplast's loader or the embedded model's preparation into a failure
+    naming it.
 
     Module scope, so that it is in place before the module's other fixtures (autouse ones are set up first).
+    ``load_model`` picks the model class through ``auto_model_class`` right before reading the weights, and
+    ``prepare_default_model`` converts the embedded GGUF: both are looked up in the module at call time, so
+    replacing them here catches every load through qkplast.
     """
+    from qkplast.capture import models
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(subprocess.Popen, "__init__", _guarded_popen(subprocess.Popen.__init__))
-        if "transformers" in sys.modules:  # imported by every test module that could load a model
-            from transformers import PreTrainedModel
-
-            patch.setattr(PreTrainedModel, "from_pretrained",
-                          classmethod(_refuse("loads model weights from disk (from_pretrained)")))
-        if "qkplast.capture.models" in sys.modules:
-            patch.setattr(sys.modules["qkplast.capture.models"], "prepare_default_model",
-                          _refuse("prepares the embedded SmolLM2 (reads its GGUF)"))
+        patch.setattr(models, "auto_model_class", _refuse("loads model weights from disk (load_model)"))
+        patch.setattr(models, "prepare_default_model", _refuse("prepares the embedded SmolLM2 (reads its GGUF)"))
         yield
