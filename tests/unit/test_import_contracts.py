@@ -196,16 +196,16 @@ def private_names(path: Path, root: Path = ROOT) -> list[str]:
 
 def test_private_name_finder_flags_what_it_should(tmp_path):
     (tmp_path / "probe.py").write_text(
-        "from qkplast.pipeline.batch import _cached_path, load_run\n"
+        "from qkplast.capture.models import _sha256, load_model\n"
         "def f():\n    from qkplast.capture import _hidden\n"
         "from qkplast._version import __version__\nfrom qkplast import _torch\nfrom qkplast._torch import matmul\n"
         "import qkplast._secret\nfrom os import _exit\n"
-        "from qkplast.pipeline import batch\nbatch._load(1), batch.__file__, _torch.einsum\n"
+        "from qkplast.capture import models\nmodels._offline(), models.__file__, _torch.einsum\n"
         "import qkplast.io\nqkplast.io._write(1)\n")
     found = private_names(tmp_path / "probe.py", root=tmp_path)
-    assert found == ["probe.py:1: _cached_path from qkplast.pipeline.batch",
-                     "probe.py:3: _hidden from qkplast.capture", "probe.py:7: qkplast._secret from qkplast._secret",
-                     "probe.py:10: _load from qkplast.pipeline.batch", "probe.py:12: _write from qkplast.io"], found
+    assert found == ["probe.py:1: _sha256 from qkplast.capture.models", "probe.py:3: _hidden from qkplast.capture",
+                     "probe.py:7: qkplast._secret from qkplast._secret",
+                     "probe.py:10: _offline from qkplast.capture.models", "probe.py:12: _write from qkplast.io"], found
 
 
 def offenders() -> list[str]:

@@ -10,8 +10,6 @@ from tests.helpers import NOTEBOOKS
 
 
 TINY = {"docs": 2, "seq_len": 256, "bucket_size": 32, "samples_per_bucket": 4, "heads": 12}
-
-
 #: Notebook parameters of the tiny batch: small grids for the two chapters beyond the thesis (nbval runs their
 #: defaults, the rehearsal runs them on random-weight models), so the batch tests the plumbing in about a minute.
 TINY_NOTEBOOKS = {"n_boot": 4, "n_perm": 20, "ks": [2], "n_random": 2, "distances": [32, 64], "copy_windows": 2,
