@@ -18,6 +18,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 SEED = 20260
 TESTS = Path(__file__).resolve().parent
 TIERS = ("integration", "acceptance")
+FOLDERS = ("unit", *TIERS)
 
 
 def tier_of(path: Path) -> str | None:
@@ -30,9 +31,14 @@ def tier_of(path: Path) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its folder's tier; a tier marker written on a test in another folder is an error."""
+    """Mark each test with its folder's tier. A test file outside the tier folders, or a tier marker written on a
+    test in another folder, is an error: the folder is the one place that says what tier a test is."""
     for item in items:
-        tier = tier_of(item.path)
+        path = Path(item.path).resolve()
+        if path.is_relative_to(TESTS) and path.relative_to(TESTS).parts[0] not in FOLDERS:
+            raise pytest.UsageError(f"{item.nodeid} lives outside the tier folders: move it into tests/unit, "
+                                    "tests/integration or tests/acceptance (README: the four tiers)")
+        tier = tier_of(path)
         written = {m.name for m in item.iter_markers() if m.name in TIERS} - {tier}
         if written:
             raise pytest.UsageError(
@@ -74,3 +80,24 @@ def model_dir(tmp_path_factory):
     from tests.helpers import save_tiny_checkpoint
 
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+def slurm(tmp_path_factory):
+    """A one-node SLURM cluster (munged, slurmctld, slurmd) for the test; stopped afterwards."""
+    from tests.slurm_cluster import Cluster, ClusterError, missing_binaries
+
+    if os.geteuid() != 0:
+        pytest.skip("the SLURM daemons need root to start (slurmd runs jobs as their user)")
+    missing = missing_binaries()
+    if missing:
+        pytest.fail(f"SLURM test cluster: {missing} not installed (apt-get install slurm-wlm munge; "
+                    "scripts/test.sh does as root)")
+    cluster = Cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        cluster.stop()
+        pytest.fail(f"SLURM test cluster did not start: {exc}")
+    yield cluster
+    cluster.stop()

@@ -6,14 +6,7 @@ import json
 import nbformat
 
 from qkplast.pipeline import batch
-from tests.helpers import NOTEBOOKS
-
-
-TINY = {"docs": 2, "seq_len": 256, "bucket_size": 32, "samples_per_bucket": 4, "heads": 12}
-#: Notebook parameters of the tiny batch: small grids for the two chapters beyond the thesis (nbval runs their
-#: defaults, the rehearsal runs them on random-weight models), so the batch tests the plumbing in about a minute.
-TINY_NOTEBOOKS = {"n_boot": 4, "n_perm": 20, "ks": [2], "n_random": 2, "distances": [32, 64], "copy_windows": 2,
-                  "copy_seq_len": 160, "rope_factors": [2.0], "window_factors": [1], "cond_docs": 2}
+from tests.helpers import NOTEBOOKS, TINY, TINY_NOTEBOOKS
 
 
 def test_tiny_papermill_batch_produces_every_artifact(tmp_path):

@@ -93,26 +93,6 @@ def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, w
     assert again.returncode == 0 and "submitted job" not in again.stdout and again.stdout.count("not submitted") == 2
 
 
-@pytest.fixture
-def slurm(tmp_path_factory):
-    """A one-node SLURM cluster (munged, slurmctld, slurmd) for the test; stopped afterwards."""
-    from tests.slurm_cluster import Cluster, ClusterError, missing_binaries
-
-    if os.geteuid() != 0:
-        pytest.skip("the SLURM daemons need root to start (slurmd runs jobs as their user)")
-    missing = missing_binaries()
-    if missing:
-        pytest.fail(f"SLURM test cluster: {missing} not installed (apt-get install slurm-wlm munge; .ci/run does)")
-    cluster = Cluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        cluster.stop()
-        pytest.fail(f"SLURM test cluster did not start: {exc}")
-    yield cluster
-    cluster.stop()
-
-
 def test_a_two_run_study_runs_on_a_one_node_slurm_cluster(tmp_path, model_dir, slurm):
     study = write_yaml(tmp_path / "s.yaml", {
         "name": "slurm", "out": str(tmp_path / "out"),

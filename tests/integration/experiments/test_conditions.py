@@ -1,4 +1,4 @@
-"""Content-decay conditions on the embedded SmolLM2-135M: a window equal to the run's is cut from its capture exactly."""
+"""Content-decay conditions on the embedded SmolLM2-135M: a window equal to the run's is cut from its capture."""
 
 from dataclasses import replace
 
