@@ -2,7 +2,7 @@
 
 ``qkplast run`` executes the notebooks and the results chapters read ``data/thesis``; in a checkout both are
 read where they are, and a non-editable install (``pip install .``) gets copies under
-``qkplast/_shipped/`` (see ``qkplast/_resources.py``).
+``qkplast/_shipped/`` (see ``qkplast/shipped.py``).
 """
 
 import shutil

@@ -79,7 +79,7 @@ CONFIGS = {
 #: Notebook grids reduced for the check (each a notebook parameter; the capture is the README's, unchanged).
 REDUCED = {"n_boot": 1000, "n_null": 200, "n_perm": 200, "ks": [5], "n_random": 1, "distances": [256, 4096],
            "copy_windows": 2, "copy_seq_len": 8192, "geometry_docs": 1, "rope_factors": [2.0], "window_factors": [1],
-           "cond_docs": 2, "check_heads": 30}
+           "cond_docs": 2, "check_heads": 30, "training": "smoke"}
 #: What the GPU machine's image already holds (the device KINDS.md package list), by normalised name.
 ON_THE_GPU = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core

@@ -1,4 +1,4 @@
-# Shared by scripts/book.sh and .ci/run: install Debian packages the project needs when they are missing.
+# Shared by scripts/book.sh and scripts/test.sh: install Debian packages the project needs when they are missing.
 # apt_install CHECK PACKAGE...: run apt-get install when CHECK (a shell test) fails; as root only, else say how.
 apt_install() {
   local check=$1
@@ -16,3 +16,17 @@ apt_install() {
 }
 # The default corpus, python-docs: the CPython documentation sources Debian's python3-doc ships.
 python_docs_present() { compgen -G "/usr/share/doc/python3*/html/_sources/library/*.rst.txt" >/dev/null; }
+# The Debian packages the tests need that are missing, on one line: python3-doc (the default corpus), chromium and
+# chromium-driver (the book in a browser, tests/acceptance/test_book.py), slurm-wlm and munge (the study on a
+# one-node SLURM cluster, tests/acceptance/pipeline/test_study.py and tests/slurm_cluster.py).
+test_packages_missing() {
+  local missing=()
+  python_docs_present || missing+=(python3-doc)
+  if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    missing+=(chromium chromium-driver)
+  fi
+  if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ] || ! command -v sbatch >/dev/null; then
+    missing+=(slurm-wlm munge)
+  fi
+  echo "${missing[@]}"
+}

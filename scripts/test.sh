@@ -1,16 +1,43 @@
 #!/usr/bin/env bash
-# Run every test, all tiers: unit (unmarked), integration, acceptance, and the notebooks' nbval regression.
-# Arguments go to pytest. Fast path, unit tests only (a minute or two):
-#   bash scripts/test.sh -m "not integration and not acceptance"
+# Run the tests. Four tiers: tests/unit (seconds, no model, no subprocess), tests/integration (tiny or embedded
+# models, notebook kernels, several modules), tests/acceptance (end to end: CLI, batches, the book in a browser,
+# a SLURM cluster) and the notebooks' nbval regression (notebooks/). README.md gives the measured time of each.
+#   bash scripts/test.sh                  every tier: pytest tests notebooks, nbval on
+#   bash scripts/test.sh tests/unit       the fast path: the unit tier only, no notebook
+#   bash scripts/test.sh ARGS...          pytest with exactly ARGS; nbval is on when notebooks(/...) is among them
+# First it installs what the tests need: the Python environment (scripts/setup.sh) and, when missing, Debian's
+# python3-doc (the default corpus), chromium + chromium-driver (the book in a browser) and slurm-wlm + munge (the
+# study on a SLURM cluster): as root with apt-get, otherwise it says which apt-get to run and goes on (the tests
+# that need a missing package then fail or skip naming it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/_debian.sh
+missing=$(test_packages_missing)
+apt_job=
+if [ -n "$missing" ]; then
+  # shellcheck disable=SC2086  # one word per package
+  apt_install false $missing &  # beside the Python install: one waits on the network while the other unpacks
+  apt_job=$!
+fi
 bash scripts/setup.sh
+if [ -n "$apt_job" ] && ! wait "$apt_job"; then
+  echo "[test] going on without Debian package(s) $missing: the tests that need them fail or skip" >&2
+fi
 # OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another
 # process (a notebook kernel beside pytest) is busy on this 2-core machine.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE
-nb=()
-if compgen -G "notebooks/*.ipynb" >/dev/null; then
-  nb=(--nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg)
+if [ $# -eq 0 ]; then
+  set -- tests notebooks
 fi
+nb=()
+for arg in "$@"; do
+  case "$arg" in
+    notebooks | notebooks/*)
+      if compgen -G "notebooks/*.ipynb" >/dev/null; then
+        nb=(--nbval --nbval-sanitize-with notebooks/sanitize.cfg)
+      fi
+      ;;
+  esac
+done
 # --durations: the slowest tests are listed in every CI log, so the ~25-minute budget can be watched.
-.venv/bin/python -m pytest tests "${nb[@]}" --durations=30 "$@"
+.venv/bin/python -m pytest "$@" "${nb[@]}" --durations=30

@@ -122,9 +122,9 @@ def tiny_model(arch: str, seed: int = 0, **config_overrides):
 
 
 def tiny_tokenizer():
-    """The 300-token byte-level BPE of ``tests/test_capture.py`` (trained in memory, offline)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_capture import tiny_tokenizer as make
+    """The 300-token byte-level BPE of ``tests/helpers.py`` (trained in memory, offline)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `python tests/hub_fixtures.py`
+    from tests.helpers import tiny_tokenizer as make
 
     return make()
 

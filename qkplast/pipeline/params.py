@@ -12,7 +12,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from qkplast._resources import resource_dir
+from qkplast.shipped import resource_dir
 from qkplast.options import AnalysisOptions, CaptureOptions, FieldSpec, UnknownOptionError, coerce, typed_option
 
 __all__ = ["NOTEBOOK_DIR", "declared_parameters", "notebook_parameters", "notebook_paths", "parameters_cell",

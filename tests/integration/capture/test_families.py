@@ -22,19 +22,15 @@ own intermediate tensors (forward hooks) and its own rotary function:
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers as T
 
-TESTS = next(p for p in Path(__file__).resolve().parents if (p / "hub_fixtures.py").exists())
-sys.path.insert(0, str(TESTS))
 
-from eager_reference import attention_modules as _attention_modules, compare_with_eager  # noqa: E402
-from hub_fixtures import tiny_model as hub_tiny_model, tiny_tokenizer  # noqa: E402
+from tests.eager_reference import attention_modules as _attention_modules, compare_with_eager  # noqa: E402
+from tests.hub_fixtures import tiny_model as hub_tiny_model, tiny_tokenizer  # noqa: E402
 from qkplast.capture.corpus import Document, iter_windows  # noqa: E402
 from qkplast.capture.driver import capture, text_decoder  # noqa: E402
 from qkplast.io import validate_capture  # noqa: E402

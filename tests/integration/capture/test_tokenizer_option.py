@@ -4,16 +4,12 @@ directory's, the tokenizer and its commit recorded in the capture attrs (issue 2
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-TESTS = next(p for p in Path(__file__).resolve().parents if (p / "hub_fixtures.py").exists())
-sys.path.insert(0, str(TESTS))
 
-from hub_fixtures import save_to_hub_cache, tiny_model, tiny_tokenizer  # noqa: E402
+from tests.hub_fixtures import save_to_hub_cache, tiny_model, tiny_tokenizer  # noqa: E402
 from qkplast.capture.driver import run_capture  # noqa: E402
 from qkplast.capture.models import ModelError, load_model  # noqa: E402
 from qkplast.io import CaptureError, validate_capture  # noqa: E402

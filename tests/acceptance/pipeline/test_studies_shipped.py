@@ -1,0 +1,168 @@
+"""The shipped studies as written: each file validated as shipped, and its first run rehearsed with tiny
+stand-ins of the same architectures (random weights at a pinned commit in a local hub cache) at a short window
+through every stage, with ``qkplast study``; the thesis study's on the one-node SLURM cluster, after its
+``--dry-run`` script is checked.
+
+Only the model (its stand-in), the corpus (generated, in the study's own ``text_field``), the window, ``docs``,
+the device and the resources are replaced; everything else (keys, revisions policy, analysis options, the rest
+of the capture settings) is the shipped file's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.hub_fixtures import make_hub, repo_id, save_to_hub_cache, tiny_tokenizer
+from qkplast.rundir.study_file import is_done, load_study
+from tests.helpers import ROOT
+
+#: the capture studies (a training study, with a top-level ``train:``, is qkplast train's: tests/*/train)
+STUDIES = sorted(p for p in (ROOT / "studies").glob("*.yaml") if "train" not in yaml.safe_load(p.read_text()))
+#: The architecture of each shipped id (by prefix), so its stand-in is a tiny model of the same family.
+STAND_INS = {"mistralai/Ministral-3": "mistral3", "Qwen/Qwen3": "qwen3", "meta-llama/Llama-3.2-11B-Vision": "mllama",
+             "meta-llama/Llama": "llama3", "mistral-community/Mistral-7B": "llama3",
+             "HuggingFaceTB/SmolLM3": "smollm3", "smollm2-135m": "llama3", "EleutherAI/pythia": "gpt_neox",
+             "allenai/OLMo-2": "olmo2", "OpenLLM-France/Lucie": "lucie"}
+WINDOW = {"seq_len": 512, "bucket_size": 32, "samples_per_bucket": 4, "docs": 2}
+
+
+def stand_in(model_id: str) -> str:
+    for prefix, arch in STAND_INS.items():
+        if model_id.startswith(prefix):
+            return arch
+    raise AssertionError(f"no tiny stand-in for {model_id!r}: add its architecture to STAND_INS")
+
+
+def _mistral3():
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "rope_theta": 1e6,
+            "llama_4_scaling_beta": 0.1}
+    text = T.Ministral3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=32, vocab_size=300, max_position_embeddings=4096,
+                              rope_parameters=rope)
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 32, "patch_size": 16, "head_dim": 8}
+    return T.Mistral3ForConditionalGeneration(T.Mistral3Config(text_config=text.to_dict(), vision_config=vision)).eval()
+
+
+@pytest.fixture(scope="module")
+def stand_in_hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shipped")
+    cache = root / "hub"
+    commits = make_hub(cache, ("qwen3", "llama3", "smollm3", "mllama", "gpt_neox", "olmo2", "lucie"))
+    commits["mistral3"] = save_to_hub_cache(_mistral3(), tiny_tokenizer(), repo_id("mistral3"), cache)
+    return cache, commits, root
+
+
+def _corpus(path: Path, text_field: str) -> Path:
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[k] for k in sorted(topics))
+    with path.open("w") as f:
+        for i in range(4):
+            f.write(json.dumps({"id": f"doc{i}", text_field: text[i * 20000: i * 20000 + 6000]}) + "\n")
+    return path
+
+
+def rehearsal_file(shipped: Path, hub, slurm: bool) -> Path:
+    """The shipped study with its first run only, stand-ins substituted (see the module doc)."""
+    from tests.helpers import TINY_NOTEBOOKS
+
+    cache, commits, root = hub
+    data = yaml.safe_load(shipped.read_text())
+    first = dict(data["models"][0])
+    arch = stand_in(str(first["id"]))
+    defaults = {**(data.get("defaults") or {}), **{k: v for k, v in first.items() if k not in ("id", "name", "resources")}}
+    text_field = defaults.get("text_field", "text")
+    first["id"] = f"{repo_id(arch)}@{commits[arch]}"
+    for key in ("model", "revision", "seq_len", "bucket_size", "samples_per_bucket", "docs", "rope_scaling"):
+        first.pop(key, None)
+    if arch == "qwen3" and defaults.get("rope_scaling"):
+        first["rope_scaling"] = defaults["rope_scaling"]  # YaRN kept: the tiny Qwen3 has 32768 positions
+    data["models"] = [first]
+    data["defaults"] = {**(data.get("defaults") or {}), **WINDOW, "device": "cpu", "dtype": "auto",
+                        "corpus": str(_corpus(root / f"{shipped.stem}.jsonl", text_field))}
+    data["defaults"].pop("rope_scaling", None)
+    data["resources"] = ({"partition": "debug", "cpus": 1, "mem_gb": 2, "timeout_min": 30, "array_parallelism": 1,
+                          "setup": ["export OMP_NUM_THREADS=1"]} if slurm else {"timeout_min": 30})
+    data["out"] = str(root / f"out-{shipped.stem}")
+    data["parameters"] = TINY_NOTEBOOKS
+    path = root / f"{shipped.stem}.rehearsal.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _env(cache: Path, **more) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **more}
+
+
+def _qkplast(*argv, env, timeout=1800):
+    return subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *map(str, argv)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _first_run_through_every_stage(study_file: Path, out: Path):
+    study = load_study(study_file)
+    run = study.runs[0]
+    assert is_done(run.run_dir, "notebooks")
+    manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and len(manifest["notebooks"]) == 13
+    assert all(e["status"] == "ok" for e in manifest["notebooks"])
+    assert manifest["capture"]["text_field"] == study.runs[0].capture.text_field
+    return run, manifest
+
+
+@pytest.mark.parametrize("shipped", [p for p in STUDIES if p.stem != "thesis"],
+                         ids=[p.stem for p in STUDIES if p.stem != "thesis"])
+def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stand_in_hub):
+    path = rehearsal_file(shipped, stand_in_hub, slurm=False)
+    t0 = time.perf_counter()
+    r = _qkplast("study", path, "--executor", "local", env=_env(stand_in_hub[0]))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert ": ok (" in r.stdout  # validated before it was submitted
+    run, manifest = _first_run_through_every_stage(path, stand_in_hub[2])
+    print(f"{shipped.stem}: first run through every stage in {time.perf_counter() - t0:.0f} s")
+
+
+def test_the_thesis_study_first_run_on_a_one_node_slurm_cluster(stand_in_hub, slurm):
+    path = rehearsal_file(ROOT / "studies" / "thesis.yaml", stand_in_hub, slurm=True)
+    env = _env(stand_in_hub[0], SLURM_CONF=str(slurm.conf))
+    t0 = time.perf_counter()
+    dry = _qkplast("study", path, "--executor", "slurm", "--dry-run", env=env, timeout=600)
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    for line in ("#SBATCH --partition=debug", "#SBATCH --cpus-per-task=1", "#SBATCH --mem=2GB", "#SBATCH --time=30",
+                 "export OMP_NUM_THREADS=1", "submitit.core._submit", "dry run: 1 run(s) validated, nothing submitted"):
+        assert line in dry.stdout, line
+    assert not (Path(yaml.safe_load(path.read_text())["out"]) / "study.json").exists()
+    sub = _qkplast("study", path, "--executor", "slurm", env=env, timeout=600)
+    assert sub.returncode == 0 and "submitted 1 job(s)" in sub.stdout, sub.stdout + sub.stderr
+    state = json.loads((Path(yaml.safe_load(path.read_text())["out"]) / "study.json").read_text())
+    job = next(iter(state["runs"].values()))
+    assert state["resolved"][next(iter(state["runs"]))]["commit"] == stand_in_hub[1]["mistral3"]
+    submitted = Path(job["stdout"]).parent / f"{job['job_id'].split('_')[0]}_submission.sh"
+    deadline, lines = time.monotonic() + 1500, ""
+    while time.monotonic() < deadline:
+        lines = _qkplast("study", path, "--status", env=env, timeout=120).stdout
+        if ": done" in lines or ": failed" in lines:
+            break
+        time.sleep(5)
+    err = Path(job["stderr"]).read_text() if Path(job["stderr"]).exists() else ""
+    assert ": done" in lines, lines + err[-3000:]
+    if submitted.exists():  # the script SLURM ran is the one the dry run printed, but for the array's own paths
+        script = submitted.read_text()
+        assert "#SBATCH --partition=debug" in script and "export OMP_NUM_THREADS=1" in script
+    assert "[capture] window 1 of 2" in err and "s/window" in err  # plain progress lines in the SLURM log
+    _first_run_through_every_stage(path, stand_in_hub[2])
+    print(f"thesis study, first run on SLURM: {time.perf_counter() - t0:.0f} s")

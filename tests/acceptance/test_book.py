@@ -1,0 +1,162 @@
+"""The built book in a real browser: math typeset offline, numbered theorem blocks, figures loaded.
+
+The book is built with warnings as errors from the committed notebooks (whose outputs come from the
+default parameters) into a temporary copy, served on localhost and opened in headless Chromium.
+Screenshots are kept under ``test-artifacts/``.
+"""
+
+import functools
+import http.server
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1280,1600",
+]
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="Debian chromium and chromium-driver are not installed (.ci/run installs them)",
+)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    src = tmp_path_factory.mktemp("book")
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "book", src / "book", ignore=shutil.ignore_patterns("notebooks"))
+    (src / "book" / "notebooks").mkdir()
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        shutil.copy(nb, src / "book" / "notebooks" / nb.name)
+    jb = Path(sys.executable).with_name("jupyter-book")
+    proc = subprocess.run(
+        [str(jb), "build", str(src), "--warningiserror", "--nitpick", "--keep-going", "--builder", "html"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    html = src / "_build" / "html"
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(html))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", html
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_script_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def render(browser, url: str, shot: str) -> str:
+    """Open ``url``, wait for MathJax to finish typesetting, save a screenshot, return the page text."""
+    browser.get(url)
+    # Sphinx loads MathJax only on pages that contain math
+    state = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "if (!document.querySelector('script[src*=mathjax]')) { done('no math'); return; }"
+        "const wait = () => (window.MathJax && MathJax.startup && MathJax.startup.promise)"
+        "  ? MathJax.startup.promise.then(() => done('typeset')) : setTimeout(wait, 100);"
+        "wait();"
+    )
+    assert state in ("typeset", "no math")
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / shot))
+    return browser.execute_script("return document.body.innerText;")
+
+
+def assert_offline_math_and_resources(browser, base: str, math: bool = True):
+    n_math = browser.execute_script("return document.querySelectorAll('mjx-container').length;")
+    assert (n_math > 0) == math, f"typeset math expected: {math}, found {n_math} formulas"
+    raw = browser.execute_script(
+        "const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT); const bad = [];"
+        "while (walker.nextNode()) { const t = walker.currentNode.textContent;"
+        "  const p = walker.currentNode.parentElement;"
+        "  if (p.closest('script, style, pre, code, mjx-assistive-mml')) continue;"
+        "  if (t.includes('\\\\(') || t.includes('$$') || t.includes('\\\\[')) bad.push(t.slice(0, 80)); }"
+        "return bad;"
+    )
+    assert raw == [], f"raw TeX left in the rendered DOM: {raw[:3]}"
+    resources = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name);")
+    foreign = [r for r in resources if not r.startswith(base)]
+    assert foreign == [], f"the page fetched resources from elsewhere: {foreign}"
+    if math:
+        assert any("/_static/mathjax/" in r for r in resources), "MathJax must be served from the build"
+
+
+def test_theory_page(site, browser):
+    base, _ = site
+    text = render(browser, f"{base}/book/notebooks/06_theory.html", "theory.png")
+    assert_offline_math_and_resources(browser, base)
+    assert re.search(r"Theorem \d+ \(Plasticity decay", text), "the theorem block is not numbered"
+    assert re.search(r"Lemma \d+ \(Gaussian score difference", text)
+    assert re.search(r"Lemma \d+ \(Single-pair decay", text)
+    assert text.count("Proof") >= 3
+    assert "PASS Lemma A.1" in text and "PASS Theorem 4.4" in text  # the executed checks are on the page
+    assert_images_loaded(browser, minimum=1)
+
+
+def test_notebook_page_with_figures(site, browser):
+    base, _ = site
+    text = render(browser, f"{base}/book/notebooks/05_plasticity.html", "plasticity.png")
+    assert_offline_math_and_resources(browser, base)
+    assert re.search(r"Definition \d+ \(Pairwise plasticity\)", text)
+    assert re.search(r"Proposition \d+ \(Householder decomposition\)", text)
+    assert re.search(r"Proposition \d+ \(Gaussian closed form\)", text)
+    assert_images_loaded(browser, minimum=3)
+
+
+def test_cross_references_resolve(site, browser):
+    base, html = site
+    page = (html / "book" / "notebooks" / "04_rotation.html").read_text()
+    assert "prop-drift-axis" in page and "07_corrections.html" in page
+    text = render(browser, f"{base}/book/notebooks/04_rotation.html", "rotation.png")
+    assert re.search(r"Proposition \d+ \(Closed form of the drift axis\)", text)
+
+
+def assert_images_loaded(browser, minimum: int):
+    sizes = browser.execute_script("return Array.from(document.images).map(i => [i.src, i.complete, i.naturalWidth]);")
+    figures = [s for s in sizes if "/_images/" in s[0]]
+    assert len(figures) >= minimum, f"expected at least {minimum} figures, found {figures}"
+    broken = [s[0] for s in figures if not (s[1] and s[2] > 0)]
+    assert broken == [], f"figures that did not load: {broken}"
+
+
+def test_results_pages(site, browser):
+    base, _ = site
+    text = render(browser, f"{base}/book/notebooks/09_results_plasticity.html", "results_plasticity.png")
+    assert_offline_math_and_resources(browser, base, math=False)
+    assert "thesis: Qwen-3" in text and "95% basic" in text and "95% BCa" in text and "stdlib-code" in text
+    assert_images_loaded(browser, minimum=4)
+    text = render(browser, f"{base}/book/notebooks/11_results_benchmark.html", "results_benchmark.png")
+    assert_offline_math_and_resources(browser, base)
+    assert "spearman_rho" in text and "Where this project" in text
+    assert_images_loaded(browser, minimum=1)

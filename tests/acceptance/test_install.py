@@ -1,0 +1,50 @@
+"""Install: a non-editable ``pip install .`` (what a GPU host or a cluster does) runs ``qkplast run`` end to end.
+
+The wheel carries the notebooks and the thesis tables inside the package (``setup.py``, ``qkplast/shipped.py``);
+the run below imports only the installed copy (run from outside the checkout, with the install first on the path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+
+
+def test_a_non_editable_install_runs_qkplast_run_end_to_end(tmp_path):
+    from tests.helpers import TINY, TINY_NOTEBOOKS
+
+    site = tmp_path / "site"
+    t0 = time.perf_counter()
+    built = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                            "--target", str(site), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "OMP_WAIT_POLICY": "PASSIVE"}
+    where = subprocess.run([sys.executable, "-c", "import qkplast, qkplast.pipeline.params as p, qkplast.results.reference "
+                            "as r; print(qkplast.__file__); print(p.NOTEBOOK_DIR); print(r.data_dir()); "
+                            "print(len(p.notebook_paths()), len(r.load('models')))"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr[-2000:]
+    package, notebooks, data, counts = where.stdout.split("\n")[:4]
+    for path in (package, notebooks, data):
+        assert Path(path).is_relative_to(site), (path, site)  # the installed copy, not the checkout
+    assert counts == f"{len(list((ROOT / 'notebooks').glob('[0-9][0-9]_*.ipynb')))} 13"
+    out = tmp_path / "run"
+    argv = ["run", "--preset", "fast", *[f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()], "--out", str(out),
+            "--no-progress"]
+    for name, value in TINY_NOTEBOOKS.items():
+        argv += ["-p", name, json.dumps(value)]
+    ran = subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *argv], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-3000:])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and len(manifest["notebooks"]) == 13
+    assert all(e["status"] == "ok" for e in manifest["notebooks"])
+    print(f"install + run from the wheel: {time.perf_counter() - t0:.0f} s")
