@@ -6,9 +6,10 @@ resamples documents, through the reweighted sufficient statistics of :mod:`~qkpl
 :mod:`~qkplast.stats.verdict` turns an estimate and its null into a verdict word.
 """
 
-from qkplast.stats.bootstrap import bca_interval, bootstrap
+from qkplast.stats.bootstrap import bca_interval, bootstrap, document_interval, document_jackknife
 from qkplast.stats.reweight import reweighted_statistics
-from qkplast.stats.intervals import t_interval
+from qkplast.stats.intervals import interval_policy, jackknife_t, t_interval
 from qkplast.stats.verdict import conjunction, holm, null_verdict, verdict
 
-__all__ = ["bca_interval", "bootstrap", "conjunction", "holm", "null_verdict", "reweighted_statistics", "t_interval", "verdict"]
+__all__ = ["bca_interval", "bootstrap", "conjunction", "document_interval", "document_jackknife", "holm", "interval_policy",
+           "jackknife_t", "null_verdict", "reweighted_statistics", "t_interval", "verdict"]

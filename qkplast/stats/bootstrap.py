@@ -18,8 +18,19 @@ Two ways to compute a replicate, with the same statistics:
   reweighting cannot express (:func:`qkplast.stats.reweight.supports`).
 
 Intervals (level 0.95 by default) are for the model-level means over heads:
-basic, percentile and BCa (bias-corrected and accelerated; the acceleration
-from a jackknife over documents, Efron 1987).
+basic, percentile, BCa (bias-corrected and accelerated; the acceleration
+from a jackknife over documents, Efron 1987) and jackknife-t (the estimate
+plus or minus ``t_{n-1}`` times the jackknife standard error). ``lo``/``hi``
+hold the one the inference policy reports for this many documents
+(:func:`qkplast.stats.intervals.interval_policy`: jackknife-t below 8
+documents, where a bootstrap cannot reach its nominal coverage, BCa from
+there on), named in ``attrs["interval"]``; ``benchmarks/bench_coverage.py``
+measures every method's coverage on planted worlds.
+
+:func:`document_jackknife` and :func:`document_interval` give the same
+policy interval for any model-level statistic of a capture (the AP_drop
+parts of :mod:`qkplast.analysis.decompose` among them) by re-analysing the
+capture with each document left out.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from tqdm.auto import tqdm
 from qkplast._torch import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.plasticity import closed_form_ap, summarize_profile
+from qkplast.stats.intervals import interval_policy, jackknife_t
 from qkplast.stats.reweight import STATISTICS, reweighted_statistics, supports
 from qkplast.analysis.rotation import rotation_kernel
 
@@ -125,13 +137,14 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
     Returns
     -------
     xarray.Dataset
-        Dim ``metric``: ``estimate`` (full capture), ``lo``/``hi`` (basic
-        interval), ``lo_percentile``/``hi_percentile``, ``lo_bca``/``hi_bca``
-        (BCa, acceleration from the jackknife over documents ``jackknife``),
-        ``bias`` (mean of the replicates minus the estimate), ``se`` (bootstrap
-        standard error), ``z0``, ``acceleration``, ``replicates`` (``metric,
-        replicate``). Attrs: ``n_boot``, ``level``, ``seed``, ``n_docs``,
-        ``method`` (which computation and which intervals, in words).
+        Dim ``metric``: ``estimate`` (full capture), ``lo``/``hi`` (the policy's interval for this many
+        documents, named in ``attrs["interval"]``), ``lo_basic``/``hi_basic``,
+        ``lo_percentile``/``hi_percentile``, ``lo_bca``/``hi_bca`` (BCa, acceleration from the jackknife
+        over documents ``jackknife``), ``lo_jackknife_t``/``hi_jackknife_t`` with ``se_jackknife`` and
+        ``p_jackknife`` (two-sided p-value of zero on ``n - 1`` degrees of freedom), ``bias`` (mean of the
+        replicates minus the estimate), ``se`` (bootstrap standard error), ``z0``, ``acceleration``,
+        ``replicates`` (``metric, replicate``). Attrs: ``n_boot``, ``level``, ``seed``, ``n_docs``,
+        ``interval``, ``method`` (which computation and which intervals, in words).
 
     Notes
     -----
@@ -172,18 +185,27 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         q_lo, q_hi = np.nanquantile(reps, alpha, axis=0), np.nanquantile(reps, 1 - alpha, axis=0)
         lo_bca, hi_bca, z0, acc = bca_interval(reps, est, jack, level)
         bias, se = np.nanmean(reps, axis=0) - est, np.nanstd(reps, axis=0, ddof=1)
+    jt = jackknife_t(est, jack, level)
+    policy = interval_policy(n_docs)
+    ends = {"jackknife_t": (jt["lo"], jt["hi"]), "bca": (lo_bca, hi_bca)}[policy]
     how = ("per-document sufficient statistics reweighted, batched over replicates (key pairs of the full capture, "
            "weighted by document copies)" if method == "reweight" else
            "each replicate materialised and re-analysed, key pairs redrawn")
     ds = xr.Dataset(
         {
             "estimate": ("metric", est),
-            "lo": ("metric", 2 * est - q_hi),
-            "hi": ("metric", 2 * est - q_lo),
+            "lo": ("metric", ends[0]),
+            "hi": ("metric", ends[1]),
+            "lo_basic": ("metric", 2 * est - q_hi),
+            "hi_basic": ("metric", 2 * est - q_lo),
             "lo_percentile": ("metric", q_lo),
             "hi_percentile": ("metric", q_hi),
             "lo_bca": ("metric", lo_bca),
             "hi_bca": ("metric", hi_bca),
+            "lo_jackknife_t": ("metric", jt["lo"]),
+            "hi_jackknife_t": ("metric", jt["hi"]),
+            "se_jackknife": ("metric", jt["se"]),
+            "p_jackknife": ("metric", jt["p"]),
             "bias": ("metric", bias),
             "se": ("metric", se),
             "z0": ("metric", z0),
@@ -193,8 +215,54 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         },
         coords={"metric": list(METRICS), "document": docs},
         attrs={"n_boot": n_boot, "level": level, "seed": seed, "n_docs": n_docs, "computation": method,
-               "method": (f"bootstrap over documents, {n_boot} replicates ({how}); lo/hi: basic interval, "
-                          f"lo_percentile/hi_percentile: percentile interval, lo_bca/hi_bca: BCa interval "
-                          f"(acceleration from the jackknife over {n_docs} documents), all at level {level}")},
+               "interval": policy,
+               "method": (f"bootstrap over documents, {n_boot} replicates ({how}); lo/hi: the policy's interval for "
+                          f"{n_docs} documents ({INTERVAL_NAMES[policy]}); lo_basic/hi_basic: basic, "
+                          f"lo_percentile/hi_percentile: percentile, lo_bca/hi_bca: BCa (acceleration from the "
+                          f"jackknife over {n_docs} documents), lo_jackknife_t/hi_jackknife_t: jackknife-t with "
+                          f"{n_docs - 1} degrees of freedom; all at level {level}")},
     )
     return ds
+
+
+#: the words for each interval method, as tables and pages print them
+INTERVAL_NAMES = {"jackknife_t": "jackknife-t", "bca": "BCa", "basic": "basic", "percentile": "percentile"}
+
+
+def documents_of(capture: xr.Dataset) -> np.ndarray:
+    """The capture's document ids, sorted (the order of every per-document axis here)."""
+    return np.unique(capture.doc.values)
+
+
+def document_jackknife(capture: xr.Dataset, statistic) -> np.ndarray:
+    """``statistic`` of the capture with each document left out in turn: ``[document, ...]`` (sorted ids).
+
+    ``statistic(capture) -> array_like`` is any model-level quantity (a mean over heads, a contrast of
+    two, a vector of them); each leave-one-out capture is re-analysed whole (query model, pairs, fit),
+    so the values carry every source of document-to-document variation.
+    """
+    docs = documents_of(capture)
+    if len(docs) < 2:
+        raise ValueError(f"a jackknife over documents needs at least two documents, the capture has {len(docs)}")
+    return np.stack([np.asarray(statistic(capture.isel(sample=np.flatnonzero(capture.doc.values != d))), float)
+                     for d in docs])
+
+
+def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estimate=None) -> dict:
+    """The policy's interval over documents for any model-level ``statistic`` of a capture, from the jackknife.
+
+    Below :data:`qkplast.stats.intervals.JACKKNIFE_BELOW` documents this is the policy's interval itself
+    (jackknife-t); from there on the policy prefers BCa, which needs bootstrap replicates that only
+    :func:`bootstrap` computes cheaply, so the jackknife-t interval is returned with ``interval`` saying so.
+
+    Returns
+    -------
+    dict
+        :func:`qkplast.stats.intervals.jackknife_t`'s fields plus ``jackknife`` (the leave-one-out values)
+        and ``interval`` (the method's name).
+    """
+    est = np.asarray(statistic(capture) if estimate is None else estimate, float)
+    jack = document_jackknife(capture, statistic)
+    out = jackknife_t(est, jack, level)
+    out.update(jackknife=jack, interval="jackknife_t")
+    return out
