@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-_SHAPE = dict(n_heads=8, dim=16, seq_len=4096, bucket_size=256, samples_per_bucket=8)
+_SHAPE = dict(n_heads=4, dim=8, seq_len=2048, bucket_size=128, samples_per_bucket=8)
 #: the planted worlds: "drift and content" has both drifts on one axis and a shrinking query content spread
 #: (AP_drop has a drift part and a content part); "key drift off axis" has the keys drifting off the query's
 #: drift axis, no content change and twice the document-to-document variation
@@ -125,8 +125,8 @@ def main():
     ap.add_argument("--replicates", type=int, default=500)
     ap.add_argument("--docs", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--n-boot", type=int, default=1000)
-    ap.add_argument("--truth-docs", type=int, default=2048)
-    ap.add_argument("--truth-seeds", type=int, default=8)
+    ap.add_argument("--truth-docs", type=int, default=1024)
+    ap.add_argument("--truth-seeds", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--worlds", nargs="+", choices=list(WORLDS), default=None)
     ap.add_argument("--deadline", type=float, default=0, help="seconds after which no further replicate is waited for")

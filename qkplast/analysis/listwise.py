@@ -508,15 +508,79 @@ def head_level(metrics: xr.Dataset, variable: str = "ap_set") -> xr.DataArray:
         return metrics[variable].mean("query_bucket", skipna=True)
 
 
-def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set", n_boot: int = 2000,
-                               n_perm: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
-    """Rank correlation across heads of pairwise AP (m = 2) with listwise AP at ``set_size``.
+def _listwise_means(lw: xr.Dataset) -> dict:
+    """Per set size: the mean over heads of each head's mean ``ap_set``/``ap_set_mc`` over buckets, and the Spearman
+    correlation across heads of pairwise (m = 2) with listwise AP on the buckets where the listwise value exists."""
+    out = {}
+    for m in lw.set_size.values:
+        for name in ("ap_set", "ap_set_mc"):
+            out[(int(m), name)] = float(np.nanmean(head_level(lw, name).sel(set_size=m).values))
+        if int(m) != 2:
+            sub = lw["ap_set"]
+            both = sub.sel(set_size=m).notnull() & sub.sel(set_size=2).notnull()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                x = sub.sel(set_size=2).where(both).mean("query_bucket", skipna=True).values
+                y = sub.sel(set_size=m).where(both).mean("query_bucket", skipna=True).values
+            ok = ~np.isnan(x) & ~np.isnan(y)
+            out[(int(m), "rho")] = float(_spearman_rows(x[ok][None], y[ok][None])[0]) if ok.sum() >= 3 else np.nan
+    return out
 
-    Both are per-head means over the query buckets where the listwise value is
-    defined (so the two average the same buckets). Returns ``rho``, the
-    percentile interval of a bootstrap over heads (``lo``, ``hi``), the
-    two-sided permutation p-value of rho = 0 (head labels of one side shuffled)
-    and ``n_heads``. Vectorised over replicates.
+
+def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, options: AnalysisOptions | None = None,
+                                level: float = 0.95, n_perm: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Listwise means and the pairwise-listwise correlation with intervals over documents.
+
+    Documents are the unit: heads share documents and queries, so a bootstrap over heads is not an interval
+    over the data. Each quantity is recomputed with each document left out (:func:`listwise` on the
+    capture without it) and the jackknife-t interval (``n - 1`` degrees of freedom) is built from those
+    values (:func:`qkplast.stats.intervals.jackknife_t`). The correlation also gets a permutation p-value
+    of no association across the heads (head labels of one side shuffled; two-sided).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per set size: ``buckets with sets``, ``model`` and ``captured`` means with their intervals,
+        and for m != 2 ``rho`` with its interval and ``p_perm``.
+    """
+    from qkplast.stats.intervals import jackknife_t
+
+    opt = AnalysisOptions.from_kwargs(options, **{k: v for k, v in metrics.attrs.get("options", {}).items()
+                                                  if k in AnalysisOptions.__dataclass_fields__}) if options is None else options
+    docs = np.unique(capture.doc.values)
+    full = _listwise_means(metrics)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        jack = [_listwise_means(listwise(capture.isel(sample=np.flatnonzero(capture.doc.values != d)), opt)) for d in docs]
+    keys = list(full)
+    ci = jackknife_t(np.array([full[k] for k in keys]), np.array([[j.get(k, np.nan) for k in keys] for j in jack]), level)
+    iv = {k: (ci["lo"][i], ci["hi"][i]) for i, k in enumerate(keys)}
+    rows = []
+    for m in metrics.set_size.values:
+        m = int(m)
+        row = {"set size": "whole set" if m == 0 else m, "buckets with sets": int((metrics.n_sets.sel(set_size=m) > 0).sum())}
+        for name, label in (("ap_set", "model"), ("ap_set_mc", "captured")):
+            row[label], (lo, hi) = full[(m, name)], iv[(m, name)]
+            row[f"{label} {int(100 * level)}% CI"] = f"[{lo:.3f}, {hi:.3f}]"
+        if m != 2:
+            row["rho"], (lo, hi) = full[(m, "rho")], iv[(m, "rho")]
+            row[f"rho {int(100 * level)}% CI"] = f"[{lo:.3f}, {hi:.3f}]"
+            row["p_perm"] = pairwise_predicts_listwise(metrics, m, n_perm=n_perm, seed=seed)["p_perm"]
+        rows.append(row)
+    out = pd.DataFrame(rows).set_index("set size")
+    out.attrs["method"] = (f"jackknife-t over {len(docs)} documents ({len(docs) - 1} degrees of freedom), each "
+                           "left-out capture re-analysed; permutation p over heads for rho")
+    return out
+
+
+def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set", n_perm: int = 2000,
+                               seed: int = 0) -> dict:
+    """Rank correlation across heads of pairwise AP (m = 2) with listwise AP at ``set_size``, and the two-sided
+    permutation p-value of no association (head labels of one side shuffled).
+
+    Both are per-head means over the query buckets where the listwise value is defined (so the two average
+    the same buckets). The interval of ``rho`` is over documents
+    (:func:`listwise_document_intervals`), not over heads. Vectorised over permutations.
     """
     sub = metrics[variable]
     both = sub.sel(set_size=set_size).notnull() & sub.sel(set_size=2).notnull()
@@ -530,35 +594,35 @@ def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str
         raise ValueError(f"set size {set_size}: fewer than 3 heads with both pairwise and listwise values")
     rng = np.random.default_rng(seed)
     rho = float(_spearman_rows(x[None], y[None])[0])
-    idx = rng.integers(0, len(x), (n_boot, len(x)))
-    reps = _spearman_rows(x[idx], y[idx])
     perm = np.argsort(rng.random((n_perm, len(x))), axis=1)
     null = _spearman_rows(np.broadcast_to(x, perm.shape), y[perm])
-    a = (1 - level) / 2
-    lo, hi = np.nanquantile(reps, [a, 1 - a])
-    return {"set_size": set_size, "rho": rho, "lo": float(lo), "hi": float(hi),
-            "p_perm": float((1 + np.sum(np.abs(null) >= abs(rho))) / (1 + n_perm)), "n_heads": int(len(x))}
+    return {"set_size": set_size, "rho": rho, "p_perm": float((1 + np.sum(np.abs(null) >= abs(rho))) / (1 + n_perm)),
+            "n_heads": int(len(x))}
 
 
-def mean_over_heads(values: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """Mean over heads (axis 0, NaN left out) with a percentile bootstrap interval over heads."""
-    v = np.asarray(values, float)
-    v = v[~np.isnan(v)]
-    if v.size == 0:
-        return np.nan, np.nan, np.nan
-    reps = v[np.random.default_rng(seed).integers(0, v.size, (n_boot, v.size))].mean(1)
-    a = (1 - level) / 2
-    return float(v.mean()), float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))
+def nearest_mass_table(metrics: xr.Dataset, level: float = 0.95) -> pd.DataFrame:
+    """Softmax mass on the nearest eligible bucket per query bucket, with Student's t intervals over documents.
 
+    Each document's value is the mean over heads of the mass its own queries put on its own keys
+    (``nearest_mass_doc``, ``nearest_mass_position_doc``, ``nearest_share_doc``); the interval is over those
+    per-document values (``n - 1`` degrees of freedom), the estimate their mean.
+    """
+    from qkplast.stats.intervals import t_interval
 
-def listwise_summary(metrics: xr.Dataset, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per set size: mean over heads of the per-head mean ``ap_set`` and ``ap_set_mc``, with head-bootstrap intervals."""
     rows = []
-    for m in metrics.set_size.values:
-        row = {"set size": "whole set" if m == 0 else int(m),
-               "buckets with sets": int((metrics.n_sets.sel(set_size=m) > 0).sum())}
-        for name, label in (("ap_set", "model"), ("ap_set_mc", "captured")):
-            est, lo, hi = mean_over_heads(head_level(metrics, name).sel(set_size=m).values, n_boot, seed=seed)
-            row[f"{label}"], row[f"{label} 95% CI"] = round(est, 3), f"[{lo:.3f}, {hi:.3f}]"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_doc = {"positional term alone": metrics.nearest_mass_position_doc.mean("head").values,
+                   "full scores": metrics.nearest_mass_doc.mean("head").values,
+                   "equal scores": metrics.nearest_share_doc.values}  # each [bucket, document]
+    for b, qb in enumerate(metrics.query_bucket.values):
+        row = {"query bucket": int(qb)}
+        for label, v in per_doc.items():
+            t = t_interval(v[b], level)
+            row[label] = float(t["estimate"])
+            row[f"{label} {int(100 * level)}% CI"] = (f"[{float(t['lo']):.3f}, {float(t['hi']):.3f}]"
+                                                      if np.isfinite(t["lo"]) else "")
         rows.append(row)
-    return pd.DataFrame(rows).set_index("set size")
+    out = pd.DataFrame(rows).set_index("query bucket")
+    out.attrs["method"] = f"Student's t over {metrics.sizes['document']} documents (per-document means over heads)"
+    return out

@@ -857,3 +857,26 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
     )
     out.attrs["options"] = opt.to_dict()
     return out
+
+
+def effective_pairs(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
+    """Kish's effective number of key pairs, ``(sum w)^2 / sum w^2``, per query bucket and per edge region.
+
+    With ``pair_weight="prefix"`` (Definition 4.3's weighting) a few pairs of early keys carry most of the
+    weight, so a bucket's average rests on far fewer pairs than it draws; with uniform weights the effective
+    number is the number of pairs. Returns ``n_pairs`` and ``n_effective`` (dim ``query_bucket``) and
+    ``first20``/``last20`` (the effective pairs of the regions ``ap_first20``/``ap_last20`` average, summed
+    over their buckets) in the attrs.
+    """
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
+    lay = plasticity_layout(capture, opt, torch.device("cpu"), warn=False)
+    w = to_numpy(lay.pweight)  # [bucket, pair]
+    s1, s2 = w.sum(-1), (w * w).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n_eff = np.where(s2 > 0, s1 * s1 / s2, 0.0)
+    first, last = edge_masks(lay.pairs.tau, int(capture.attrs["seq_len"]), opt)
+    ok = ~np.isnan(n_eff)
+    return xr.Dataset({"n_pairs": ("query_bucket", (w > 0).sum(-1)), "n_effective": ("query_bucket", n_eff)},
+                      coords={"query_bucket": lay.buckets},
+                      attrs={"pair_weight": opt.pair_weight, "first20": float(n_eff[first & ok].sum()),
+                             "last20": float(n_eff[last & ok].sum())})

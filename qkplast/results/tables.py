@@ -163,17 +163,26 @@ def quintile_table(metrics_by_run: dict[str, xr.Dataset], include_thesis: bool =
     return table.round(3)
 
 
-#: interval columns of a bootstrap Dataset: (label, low variable, high variable)
-INTERVALS = (("basic", "lo", "hi"), ("percentile", "lo_percentile", "hi_percentile"), ("BCa", "lo_bca", "hi_bca"))
+#: interval columns of a bootstrap Dataset beside the policy's ``lo``/``hi``: (label, low variable, high variable)
+INTERVALS = (("basic", "lo_basic", "hi_basic"), ("percentile", "lo_percentile", "hi_percentile"),
+             ("BCa", "lo_bca", "hi_bca"), ("jackknife-t", "lo_jackknife_t", "hi_jackknife_t"))
+
+
+def _policy_label(boot: xr.Dataset) -> str:
+    from qkplast.stats.bootstrap import INTERVAL_NAMES
+
+    return f"policy ({INTERVAL_NAMES.get(boot.attrs.get('interval'), boot.attrs.get('interval', '?'))})"
 
 
 def with_intervals(boot: xr.Dataset, digits: int = 3) -> pd.DataFrame:
-    """Estimate and every bootstrap interval per metric (basic, percentile, BCa where present), as printed.
+    """Estimate, the policy's interval (``lo``/``hi``) and every other interval per metric, as printed.
 
     ``attrs["note"]`` states the replicate count, the number of documents and the method.
     """
     level = int(round(100 * boot.attrs["level"]))
     out = pd.DataFrame({"estimate": boot.estimate.values}, index=boot.metric.values)
+    out[f"{level}% {_policy_label(boot)}"] = [f"[{a:.{digits}g}, {b:.{digits}g}]"
+                                              for a, b in zip(boot["lo"].values, boot["hi"].values)]
     for label, lo, hi in INTERVALS:
         if lo in boot and hi in boot:
             out[f"{level}% {label}"] = [f"[{a:.{digits}g}, {b:.{digits}g}]" for a, b in zip(boot[lo].values, boot[hi].values)]
@@ -211,6 +220,7 @@ def corpus_comparison(runs: dict[str, xr.Dataset], boots: dict[str, xr.Dataset] 
         for name, b in boots.items():
             for metric in ("ap_first20", "ap_last20", "ap_drop"):
                 i = list(b.metric.values).index(metric)
+                table.loc[f"{metric} {_policy_label(b)} interval", name] = f"[{b['lo'].values[i]:.3f}, {b['hi'].values[i]:.3f}]"
                 for label, lo, hi in INTERVALS:
                     if lo in b:
                         table.loc[f"{metric} {label} interval", name] = f"[{b[lo].values[i]:.3f}, {b[hi].values[i]:.3f}]"
@@ -271,4 +281,107 @@ def checkpoint_metrics(checkpoints: list[str], run_dir, **capture_params) -> dic
         directory = Path(run_dir) / "checkpoints" / slug
         cap = load_or_capture(directory, model=model, revision=revision or None, **capture_params)
         out[ckpt] = load_or_analyze(directory, cap, seed=capture_params.get("seed", 0))[0]
+    return out
+
+
+# --------------------------------------------------------------------------- verdict tables (chapters 07, 12, 13)
+
+
+def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, level: float = 0.95) -> pd.DataFrame:
+    """AP_drop and its four parts (:mod:`qkplast.analysis.decompose`): means over heads with the policy's interval
+    over documents (jackknife-t, each document left out and the capture re-analysed), and the share of heads
+    with a positive value."""
+    from qkplast.analysis.decompose import PARTS, model_level_parts
+    from qkplast.stats.bootstrap import document_interval
+
+    names = ["ap_drop", *PARTS]
+    ci = document_interval(capture, lambda c: [model_level_parts(c, options)[n] for n in names], level)
+    out = pd.DataFrame({"mean over heads": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
+                        f"{int(100 * level)}% hi": ci["hi"],
+                        "share of heads > 0": [float((metrics[n] > 0).mean()) for n in names]}, index=names)
+    out.attrs["method"] = (f"jackknife-t over {len(ci['jackknife'])} documents ({len(ci['jackknife']) - 1} degrees of "
+                           "freedom), each left-out capture re-analysed")
+    return out
+
+
+def gqa_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: int = 2000, seed: int = 0,
+              level: float = 0.95) -> pd.DataFrame:
+    """The GQA coordination statistic ``T`` (:mod:`qkplast.analysis.gqa`) with both nulls and an interval over documents.
+
+    Rows: the closed-form profiles ``ap``. Columns: ``T``, the within-layer label-permutation null (mean,
+    p) and the null that keeps every head's keys (:func:`qkplast.analysis.gqa.gqa_key_null`; mean, p), and the
+    jackknife-t interval of ``T`` over documents (each left-out capture's closed-form profiles). Groups
+    share their keys, so the label null's p counts similarity the keys alone build in; the key null's does not.
+    """
+    from qkplast.analysis.gqa import cross_profiles, gqa_key_null, gqa_similarity
+    from qkplast.analysis.plasticity import closed_form_ap
+    from qkplast.options import AnalysisOptions
+    from qkplast.stats.bootstrap import document_interval
+
+    opt = AnalysisOptions.from_kwargs(options)
+    labels = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
+    keys = gqa_key_null(metrics, cross_profiles(capture, opt), n_perm=n_perm, seed=seed)
+
+    def statistic(cap):
+        ap, _ = closed_form_ap(cap, opt)
+        return float(gqa_similarity(metrics.assign(ap=(("head", "query_bucket"), ap)), "ap", n_perm=1).statistic)
+
+    ci = document_interval(capture, statistic, level, estimate=float(labels.statistic))
+    out = pd.DataFrame({"T": [float(labels.statistic)], f"{int(100 * level)}% lo": [float(ci["lo"])],
+                        f"{int(100 * level)}% hi": [float(ci["hi"])], "within group": [float(labels.within)],
+                        "between groups": [float(labels.between)], "label null mean": [float(labels.null_mean)],
+                        "p (labels permuted)": [float(labels.p_value)], "key null mean": [float(keys.null_mean)],
+                        "p (keys kept)": [float(keys.p_value)]}, index=pd.Index(["ap (closed form)"], name="profile"))
+    out.attrs.update(n_perm=n_perm, method=f"jackknife-t over documents; nulls: {labels.attrs['method']}; {keys.attrs['method']}")
+    return out
+
+
+def coverage_results(path=None) -> pd.DataFrame:
+    """The stored coverage table of ``benchmarks/bench_coverage.py`` (``data/coverage.csv``)."""
+    from pathlib import Path
+
+    path = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "data" / "coverage.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run python benchmarks/bench_coverage.py to make it")
+    return pd.read_csv(path)
+
+
+def coverage_summary(table: pd.DataFrame, n_docs: int) -> pd.DataFrame:
+    """Coverage of each method at each document count (columns), per world and quantity (rows), as printed;
+    and, in ``attrs``, the smallest coverage of the policy's interval at ``n_docs`` documents over every
+    world and quantity (``policy_min``) and where it occurs."""
+    wide = table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage", sort=False)
+    policy = table[(table.docs == n_docs) & table.method.isin(["policy", "jackknife-t (re-analysed)"])
+                   & ~((table.method == "jackknife-t (re-analysed)") & ~table.quantity.str.endswith("(parts)"))]
+    worst = policy.loc[policy.coverage.idxmin()] if len(policy) else None
+    wide.attrs.update(policy_min=float(worst.coverage) if worst is not None else float("nan"),
+                      policy_min_at=f"{worst.world}: {worst.quantity}" if worst is not None else "",
+                      replicates=int(table.replicates.min()))
+    return wide
+
+
+def corrections_verdicts(readings: list[dict], alpha: float = 0.05) -> pd.DataFrame:
+    """The corrections page's empirical verdicts, decided together with Holm's correction.
+
+    Each reading has ``item``, ``p`` (its permutation or t p-value) and, when the item has a contrast with
+    an interval over documents, ``estimate``, ``lo``, ``hi`` and ``claim``. A reading is "confirmed" when
+    its Holm-adjusted p is below ``alpha`` and, where it has an interval, the interval lies on the claimed
+    side of zero (:func:`qkplast.stats.verdict.verdict`); "contradicted" when the interval lies on the other
+    side with the adjusted p below ``alpha``; otherwise "not distinguishable from the null" (no interval)
+    or "left open".
+    """
+    from qkplast.stats.verdict import holm, verdict
+
+    out = pd.DataFrame(readings).set_index("item")
+    out["p (Holm)"] = holm(out["p"].to_numpy())
+    words = []
+    for _, r in out.iterrows():
+        if "lo" in out and np.isfinite(r.get("lo", np.nan)):
+            w = verdict(r.estimate, r.lo, r.hi, r["p (Holm)"], claim=r.claim, alpha=alpha)
+            words.append({"supported": "confirmed"}.get(w, w))
+        else:
+            words.append("confirmed" if r["p (Holm)"] < alpha else "not distinguishable from the null")
+    out["verdict"] = words
+    out.attrs["rule"] = (f"Holm across {len(out)} readings at {alpha}; an interval over documents, where the item has "
+                         "one, must lie on the claimed side of zero")
     return out
