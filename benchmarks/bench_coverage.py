@@ -11,11 +11,12 @@ as documents are added. For each document count, ``--replicates`` independent ca
 each interval method's end points compared with the truth:
 
 * for ``bias_strength``, ``key_position_slope``, ``ap_overall``, ``ap_first20``, ``ap_last20``, ``ap_drop``
-  (:func:`qkplast.stats.bootstrap.bootstrap`, 1000 replicates by reweighting): basic, percentile, BCa,
-  jackknife-t (the policy's interval below 8 documents) and the policy's interval itself;
-* for the same six, and for ``ap_drop`` and its four parts (:mod:`qkplast.analysis.decompose`):
-  jackknife-t over documents with each leave-one-out capture re-analysed whole, key pairs drawn again
-  (:func:`qkplast.stats.bootstrap.document_interval`), the interval the book reports for the parts.
+  (:func:`qkplast.stats.bootstrap.bootstrap`, 1000 replicates by reweighting): the policy's interval, basic,
+  percentile, BCa, jackknife-t around the estimate (leave-one-document-out values by reweighting)
+  and the bias-corrected jackknife-t (the same half-width around ``n estimate - (n - 1) mean(jackknife)``);
+* for ``ap_drop`` and its four parts (:mod:`qkplast.analysis.decompose`): jackknife-t over documents with
+  each leave-one-out capture re-analysed whole, key pairs drawn again, plain and bias-corrected
+  (:func:`qkplast.stats.bootstrap.document_interval`, the interval the book reports for the parts).
 
 The table goes to ``data/coverage.csv`` (one row per world, document count, quantity and method: coverage,
 its binomial standard error, the share of misses below and above, mean width), each world's truth to
@@ -49,7 +50,8 @@ WORLDS = {
 BOOT_METRICS = ("ap_overall", "ap_first20", "ap_last20", "ap_drop", "bias_strength", "key_position_slope")
 PART_QUANTITIES = ("ap_drop", "ap_drop_baseline", "ap_drop_bias", "ap_drop_content", "ap_drop_interaction")
 BOOT_METHODS = {"policy": ("lo", "hi"), "basic": ("lo_basic", "hi_basic"), "percentile": ("lo_percentile", "hi_percentile"),
-                "BCa": ("lo_bca", "hi_bca"), "jackknife-t": ("lo_jackknife_t", "hi_jackknife_t")}
+                "BCa": ("lo_bca", "hi_bca"), "jackknife-t": ("lo_jackknife_t", "hi_jackknife_t"),
+                "bias-corrected jackknife-t": ("lo_jackknife_bc", "hi_jackknife_bc")}
 
 
 def _quiet():
@@ -80,8 +82,8 @@ def one_replicate(args) -> list[dict]:
     world, n_docs, r, n_boot = args
     _quiet()
     from qkplast.analysis.decompose import model_level_parts
-    from qkplast.stats.bootstrap import bootstrap, document_interval, model_level
-    from qkplast.options import AnalysisOptions
+    from qkplast.stats.bootstrap import bootstrap, document_interval
+    from qkplast.stats.intervals import jackknife_t
     from qkplast.theory.planted import planted_capture
 
     cap, _ = planted_capture(n_docs=n_docs, seed=1000 * n_docs + r, **WORLDS[world])
@@ -93,13 +95,14 @@ def one_replicate(args) -> list[dict]:
         for method, (lo, hi) in BOOT_METHODS.items():
             rows.append({**row, "quantity": metric, "method": method, "policy": boot.attrs["interval"],
                          "estimate": float(b.estimate), "lo": float(b[lo]), "hi": float(b[hi])})
-    # the same six with a jackknife whose every capture is re-analysed whole (key pairs drawn again)
-    again = document_interval(cap, lambda c: [model_level(c, AnalysisOptions())[m] for m in BOOT_METRICS])
+    # AP_drop and its parts: a jackknife whose every capture is re-analysed whole (key pairs drawn again), plain and
+    # around the bias-corrected estimate (the policy's)
     parts = document_interval(cap, lambda c: [model_level_parts(c)[q] for q in PART_QUANTITIES])
-    for names, res, suffix in ((BOOT_METRICS, again, ""), (PART_QUANTITIES, parts, " (parts)")):
-        for i, q in enumerate(names):
-            rows.append({**row, "quantity": q + suffix, "method": "jackknife-t (re-analysed)", "policy": "jackknife_t",
-                         "estimate": float(res["estimate"][i]), "lo": float(res["lo"][i]), "hi": float(res["hi"][i])})
+    plain = jackknife_t(parts["point"], parts["jackknife"])
+    for method, res in (("jackknife-t (re-analysed)", plain), ("bias-corrected jackknife-t (re-analysed)", parts)):
+        for i, q in enumerate(PART_QUANTITIES):
+            rows.append({**row, "quantity": q + " (parts)", "method": method, "policy": parts["interval"],
+                         "estimate": float(parts["point"][i]), "lo": float(res["lo"][i]), "hi": float(res["hi"][i])})
     return rows
 
 

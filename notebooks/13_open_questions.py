@@ -49,9 +49,8 @@
 # for "moves") **and** its p-value, Holm-adjusted, is below 0.05 (`qkplast.stats.verdict.verdict`);
 # *contradicted* on the other side under the same conditions; otherwise *left open*. Holm's correction runs
 # across the conditions for the mechanism (one family) and across the listwise and GQA readings (another).
-# The intervals are jackknife-t intervals over documents with $n-1$ degrees of freedom (the inference
-# policy for a handful of documents, whose coverage {doc}`07_corrections` shows), each left-out capture
-# re-analysed whole. The descriptive tables (listwise means, the decomposition, the nearest-bucket mass)
+# The intervals are bias-corrected jackknife-t intervals over documents with $n-1$ degrees of freedom (the
+# inference policy, whose coverage {doc}`07_corrections` shows), each left-out capture re-analysed whole. The descriptive tables (listwise means, the decomposition, the nearest-bucket mass)
 # carry intervals and no verdict.
 
 # %% tags=["parameters"]
@@ -133,7 +132,7 @@ listwise.drop(columns=[c for c in listwise.columns if c.startswith(("rho", "p_pe
 
 # %% [markdown]
 # The table gives, for each set size, the mean over heads of each head's mean over query buckets, with a
-# 95% jackknife-t interval over documents. "Buckets with sets" counts
+# 95% interval over documents (the policy's). "Buckets with sets" counts
 # the query buckets where a document has enough eligible keys: with a few samples per bucket and document, a
 # set of 64 keys of one document only exists late in the window, so that row averages fewer, later buckets
 # and is not comparable with the others bucket for bucket. The figure shows the profiles.
@@ -147,7 +146,7 @@ fig = op.listwise_profiles(metrics)
 # If the ranking of heads by pairwise plasticity were a poor guide to how they rank whole sets, the thesis's
 # comparisons between heads and models would not carry over to softmax. The Spearman correlation across heads
 # of the pairwise value with the listwise value (both averaged over the buckets where the listwise value
-# exists) answers it, with a jackknife-t interval over documents and a permutation null (head labels of one
+# exists) answers it, with the policy's interval over documents and a permutation null (head labels of one
 # side shuffled; two-sided p-value). Its verdicts are decided with the GQA reading below (one Holm family).
 
 # %%
@@ -256,7 +255,7 @@ fig = op.counterfactual_profiles(metrics)
 # run's capture (checked token by token) rather than captured again.
 #
 # **Intervals and the null.** A condition's difference to the baseline is paired by document; its interval is
-# the jackknife-t over documents, both captures re-analysed with each document left out. The null is the
+# the policy's interval over documents, both captures re-analysed with each document left out. The null is the
 # baseline with no intervention and other sampled positions: `n_reseeds` reseeded baselines, each cut from
 # one capture of the baseline at every position (exactly what a capture with that seed samples). A
 # condition's p-value is the rank of its difference's size among the reseeded differences (two-sided), its

@@ -516,15 +516,22 @@ def _listwise_means(lw: xr.Dataset) -> dict:
         for name in ("ap_set", "ap_set_mc"):
             out[(int(m), name)] = float(np.nanmean(head_level(lw, name).sel(set_size=m).values))
         if int(m) != 2:
-            sub = lw["ap_set"]
-            both = sub.sel(set_size=m).notnull() & sub.sel(set_size=2).notnull()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                x = sub.sel(set_size=2).where(both).mean("query_bucket", skipna=True).values
-                y = sub.sel(set_size=m).where(both).mean("query_bucket", skipna=True).values
-            ok = ~np.isnan(x) & ~np.isnan(y)
-            out[(int(m), "rho")] = float(_spearman_rows(x[ok][None], y[ok][None])[0]) if ok.sum() >= 3 else np.nan
+            x, y = _pairwise_and_listwise(lw, int(m))
+            out[(int(m), "rho")] = float(_spearman_rows(x[None], y[None])[0]) if len(x) >= 3 else np.nan
     return out
+
+
+def _pairwise_and_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set"):
+    """Per-head pairwise (m = 2) and listwise (``set_size``) values, each the mean over the query buckets where the
+    listwise value exists (so the two average the same buckets); heads with either missing left out."""
+    sub = metrics[variable]
+    both = sub.sel(set_size=set_size).notnull() & sub.sel(set_size=2).notnull()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        x = sub.sel(set_size=2).where(both).mean("query_bucket", skipna=True).values
+        y = sub.sel(set_size=set_size).where(both).mean("query_bucket", skipna=True).values
+    ok = ~np.isnan(x) & ~np.isnan(y)
+    return x[ok], y[ok]
 
 
 def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, options: AnalysisOptions | None = None,
@@ -533,7 +540,7 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
 
     Documents are the unit: heads share documents and queries, so a bootstrap over heads is not an interval
     over the data. Each quantity is recomputed with each document left out (:func:`listwise` on the
-    capture without it) and the jackknife-t interval (``n - 1`` degrees of freedom) is built from those
+    capture without it) and the policy's interval, the bias-corrected jackknife-t (``n - 1`` degrees of freedom), is built from those
     values (:func:`qkplast.stats.intervals.jackknife_t`). The correlation also gets a permutation p-value
     of no association across the heads (head labels of one side shuffled; two-sided).
 
@@ -553,7 +560,8 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
         warnings.simplefilter("ignore", PlasticityWarning)
         jack = [_listwise_means(listwise(capture.isel(sample=np.flatnonzero(capture.doc.values != d)), opt)) for d in docs]
     keys = list(full)
-    ci = jackknife_t(np.array([full[k] for k in keys]), np.array([[j.get(k, np.nan) for k in keys] for j in jack]), level)
+    ci = jackknife_t(np.array([full[k] for k in keys]), np.array([[j.get(k, np.nan) for k in keys] for j in jack]), level,
+                     bias_correct=True)
     iv = {k: (ci["lo"][i], ci["hi"][i]) for i, k in enumerate(keys)}
     rows = []
     for m in metrics.set_size.values:
@@ -568,7 +576,7 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
             row["p_perm"] = pairwise_predicts_listwise(metrics, m, n_perm=n_perm, seed=seed)["p_perm"]
         rows.append(row)
     out = pd.DataFrame(rows).set_index("set size")
-    out.attrs["method"] = (f"jackknife-t over {len(docs)} documents ({len(docs) - 1} degrees of freedom), each "
+    out.attrs["method"] = (f"bias-corrected jackknife-t over {len(docs)} documents ({len(docs) - 1} degrees of freedom), each "
                            "left-out capture re-analysed; permutation p over heads for rho")
     return out
 
@@ -582,14 +590,7 @@ def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str
     the same buckets). The interval of ``rho`` is over documents
     (:func:`listwise_document_intervals`), not over heads. Vectorised over permutations.
     """
-    sub = metrics[variable]
-    both = sub.sel(set_size=set_size).notnull() & sub.sel(set_size=2).notnull()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        x = sub.sel(set_size=2).where(both).mean("query_bucket", skipna=True).values
-        y = sub.sel(set_size=set_size).where(both).mean("query_bucket", skipna=True).values
-    ok = ~np.isnan(x) & ~np.isnan(y)
-    x, y = x[ok], y[ok]
+    x, y = _pairwise_and_listwise(metrics, set_size, variable)
     if len(x) < 3:
         raise ValueError(f"set size {set_size}: fewer than 3 heads with both pairwise and listwise values")
     rng = np.random.default_rng(seed)

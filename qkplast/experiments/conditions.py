@@ -16,9 +16,8 @@ Each condition here is a capture of the same documents, decomposed with
 ``all_positions``    the baseline at every position: the source of the null
 
 Intervals: every condition's difference to the baseline is paired by document (the conditions share
-their documents), and its interval is the jackknife-t over documents with both captures re-analysed
-whole with each document left out (:func:`condition_table`), the inference policy's interval for a few
-documents. The null: what the decomposition's parts do with no intervention at all. The baseline with
+their documents), and its interval is the bias-corrected jackknife-t over documents with both captures
+re-analysed whole with each document left out (:func:`condition_table`), the inference policy's interval. The null: what the decomposition's parts do with no intervention at all. The baseline with
 other sampled positions is cut, for many seeds, from the capture of the baseline at every position
 (:func:`reseeded_captures`: exactly the captures a new seed would take, one forward pass for all of
 them); each condition's difference is ranked among the reseeded differences (:func:`read_conditions`),
@@ -330,8 +329,8 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
     """AP_drop and its four parts per condition, and each condition's paired difference to ``baseline``.
 
     Returns two long tables (condition, quantity, estimate, lo, hi): each condition's model-level means
-    over heads with the jackknife-t interval over documents, and the differences to the baseline with
-    the jackknife-t interval of the paired difference (each document left out of both captures, both
+    over heads with the policy's interval over documents (bias-corrected jackknife-t), and the differences
+    to the baseline with the same interval of the paired difference (each document left out of both captures, both
     re-analysed whole) and its two-sided t p-value. The capture at every position is left out (it is
     the null's source, not a condition).
     """
@@ -357,17 +356,19 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
         jack[name] = np.stack([values(without(cap, d)) for d in doc_ids])  # [doc, quantity]
     rows, diffs = [], []
     for name in captures:
-        own = jackknife_t(est[name], jack[name], level)
-        rows += [{"condition": name, "quantity": q, "estimate": own["estimate"][i], "lo": own["lo"][i], "hi": own["hi"][i]}
+        own = jackknife_t(est[name], jack[name], level, bias_correct=True)
+        rows += [{"condition": name, "quantity": q, "estimate": est[name][i], "lo": own["lo"][i], "hi": own["hi"][i]}
                  for i, q in enumerate(QUANTITIES)]
         if name == "baseline":
             continue
-        d = jackknife_t(est[name] - est["baseline"], jack[name] - jack["baseline"], level)
-        diffs += [{"condition": name, "quantity": q, "estimate": d["estimate"][i], "lo": d["lo"][i], "hi": d["hi"][i],
+        delta = est[name] - est["baseline"]
+        d = jackknife_t(delta, jack[name] - jack["baseline"], level, bias_correct=True)
+        diffs += [{"condition": name, "quantity": q, "estimate": delta[i], "lo": d["lo"][i], "hi": d["hi"][i],
                    "p_t": d["p"][i]} for i, q in enumerate(QUANTITIES)]
     out_v, out_d = pd.DataFrame(rows), pd.DataFrame(diffs)
     for t in (out_v, out_d):
-        t.attrs.update(level=level, documents=len(doc_ids), interval="jackknife-t over documents (captures re-analysed)")
+        t.attrs.update(level=level, documents=len(doc_ids),
+                       interval="bias-corrected jackknife-t over documents (captures re-analysed)")
     return out_v, out_d
 
 
@@ -396,7 +397,7 @@ def read_conditions(diffs: pd.DataFrame, null: pd.DataFrame, quantity: str = "ap
     Each condition's difference to the baseline is ranked among the reseeded baselines' differences
     (``null``, no intervention): the two-sided p-value is ``(1 + #{|null| >= |difference|}) / (1 + n)``,
     whose floor is ``1 / (1 + n)``. The verdict on "the condition moves the quantity"
-    (:func:`qkplast.stats.verdict.verdict`, claim "differs") needs the jackknife-t interval of the
+    (:func:`qkplast.stats.verdict.verdict`, claim "differs") needs the policy's interval of the
     difference to exclude zero and the Holm-adjusted p (across the conditions) below ``alpha``; with a
     ``margin`` stated in advance an interval inside it is "no effect".
     """

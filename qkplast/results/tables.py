@@ -296,10 +296,10 @@ def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, 
 
     names = ["ap_drop", *PARTS]
     ci = document_interval(capture, lambda c: [model_level_parts(c, options)[n] for n in names], level)
-    out = pd.DataFrame({"mean over heads": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
+    out = pd.DataFrame({"mean over heads": ci["point"], "bias-corrected": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
                         f"{int(100 * level)}% hi": ci["hi"],
                         "share of heads > 0": [float((metrics[n] > 0).mean()) for n in names]}, index=names)
-    out.attrs["method"] = (f"jackknife-t over {len(ci['jackknife'])} documents ({len(ci['jackknife']) - 1} degrees of "
+    out.attrs["method"] = (f"bias-corrected jackknife-t over {len(ci['jackknife'])} documents ({len(ci['jackknife']) - 1} degrees of "
                            "freedom), each left-out capture re-analysed")
     return out
 
@@ -310,7 +310,7 @@ def gqa_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: in
 
     Rows: the closed-form profiles ``ap``. Columns: ``T``, the within-layer label-permutation null (mean,
     p) and the null that keeps every head's keys (:func:`qkplast.analysis.gqa.gqa_key_null`; mean, p), and the
-    jackknife-t interval of ``T`` over documents (each left-out capture's closed-form profiles). Groups
+    policy's interval of ``T`` over documents (each left-out capture's closed-form profiles). Groups
     share their keys, so the label null's p counts similarity the keys alone build in; the key null's does not.
     """
     from qkplast.analysis.gqa import cross_profiles, gqa_key_null, gqa_similarity
@@ -332,7 +332,8 @@ def gqa_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: in
                         "between groups": [float(labels.between)], "label null mean": [float(labels.null_mean)],
                         "p (labels permuted)": [float(labels.p_value)], "key null mean": [float(keys.null_mean)],
                         "p (keys kept)": [float(keys.p_value)]}, index=pd.Index(["ap (closed form)"], name="profile"))
-    out.attrs.update(n_perm=n_perm, method=f"jackknife-t over documents; nulls: {labels.attrs['method']}; {keys.attrs['method']}")
+    out.attrs.update(n_perm=n_perm, method=f"bias-corrected jackknife-t over documents; nulls: {labels.attrs['method']}; "
+                                           f"{keys.attrs['method']}")
     return out
 
 
@@ -351,8 +352,8 @@ def coverage_summary(table: pd.DataFrame, n_docs: int) -> pd.DataFrame:
     and, in ``attrs``, the smallest coverage of the policy's interval at ``n_docs`` documents over every
     world and quantity (``policy_min``) and where it occurs."""
     wide = table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage", sort=False)
-    policy = table[(table.docs == n_docs) & table.method.isin(["policy", "jackknife-t (re-analysed)"])
-                   & ~((table.method == "jackknife-t (re-analysed)") & ~table.quantity.str.endswith("(parts)"))]
+    # the policy's interval: "policy" for the bootstrap's six, the bias-corrected re-analysed jackknife for the parts
+    policy = table[(table.docs == n_docs) & table.method.isin(["policy", "bias-corrected jackknife-t (re-analysed)"])]
     worst = policy.loc[policy.coverage.idxmin()] if len(policy) else None
     wide.attrs.update(policy_min=float(worst.coverage) if worst is not None else float("nan"),
                       policy_min_at=f"{worst.world}: {worst.quantity}" if worst is not None else "",

@@ -185,9 +185,9 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         q_lo, q_hi = np.nanquantile(reps, alpha, axis=0), np.nanquantile(reps, 1 - alpha, axis=0)
         lo_bca, hi_bca, z0, acc = bca_interval(reps, est, jack, level)
         bias, se = np.nanmean(reps, axis=0) - est, np.nanstd(reps, axis=0, ddof=1)
-    jt = jackknife_t(est, jack, level)
+    jt, jbc = jackknife_t(est, jack, level), jackknife_t(est, jack, level, bias_correct=True)
     policy = interval_policy(n_docs)
-    ends = {"jackknife_t": (jt["lo"], jt["hi"]), "bca": (lo_bca, hi_bca)}[policy]
+    ends = {"jackknife_t": (jt["lo"], jt["hi"]), "jackknife_bc": (jbc["lo"], jbc["hi"]), "bca": (lo_bca, hi_bca)}[policy]
     how = ("per-document sufficient statistics reweighted, batched over replicates (key pairs of the full capture, "
            "weighted by document copies)" if method == "reweight" else
            "each replicate materialised and re-analysed, key pairs redrawn")
@@ -204,8 +204,11 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
             "hi_bca": ("metric", hi_bca),
             "lo_jackknife_t": ("metric", jt["lo"]),
             "hi_jackknife_t": ("metric", jt["hi"]),
+            "estimate_bc": ("metric", jbc["estimate"]),
+            "lo_jackknife_bc": ("metric", jbc["lo"]),
+            "hi_jackknife_bc": ("metric", jbc["hi"]),
             "se_jackknife": ("metric", jt["se"]),
-            "p_jackknife": ("metric", jt["p"]),
+            "p_jackknife": ("metric", jbc["p"]),
             "bias": ("metric", bias),
             "se": ("metric", se),
             "z0": ("metric", z0),
@@ -220,13 +223,15 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
                           f"{n_docs} documents ({INTERVAL_NAMES[policy]}); lo_basic/hi_basic: basic, "
                           f"lo_percentile/hi_percentile: percentile, lo_bca/hi_bca: BCa (acceleration from the "
                           f"jackknife over {n_docs} documents), lo_jackknife_t/hi_jackknife_t: jackknife-t with "
-                          f"{n_docs - 1} degrees of freedom; all at level {level}")},
+                          f"{n_docs - 1} degrees of freedom around the estimate, lo_jackknife_bc/hi_jackknife_bc: "
+                          f"the same around the bias-corrected estimate estimate_bc; all at level {level}")},
     )
     return ds
 
 
 #: the words for each interval method, as tables and pages print them
-INTERVAL_NAMES = {"jackknife_t": "jackknife-t", "bca": "BCa", "basic": "basic", "percentile": "percentile"}
+INTERVAL_NAMES = {"jackknife_t": "jackknife-t", "jackknife_bc": "bias-corrected jackknife-t", "bca": "BCa",
+                  "basic": "basic", "percentile": "percentile"}
 
 
 def documents_of(capture: xr.Dataset) -> np.ndarray:
@@ -251,18 +256,19 @@ def document_jackknife(capture: xr.Dataset, statistic) -> np.ndarray:
 def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estimate=None) -> dict:
     """The policy's interval over documents for any model-level ``statistic`` of a capture, from the jackknife.
 
-    Below :data:`qkplast.stats.intervals.JACKKNIFE_BELOW` documents this is the policy's interval itself
-    (jackknife-t); from there on the policy prefers BCa, which needs bootstrap replicates that only
-    :func:`bootstrap` computes cheaply, so the jackknife-t interval is returned with ``interval`` saying so.
+    The policy (:func:`qkplast.stats.intervals.interval_policy`) is the bias-corrected jackknife-t; each
+    left-out capture is re-analysed whole.
 
     Returns
     -------
     dict
-        :func:`qkplast.stats.intervals.jackknife_t`'s fields plus ``jackknife`` (the leave-one-out values)
-        and ``interval`` (the method's name).
+        :func:`qkplast.stats.intervals.jackknife_t`'s fields (``estimate`` is the interval's centre, the
+        bias-corrected estimate) plus ``point`` (the statistic on the whole capture), ``jackknife`` (the
+        leave-one-out values) and ``interval`` (the method's name).
     """
     est = np.asarray(statistic(capture) if estimate is None else estimate, float)
     jack = document_jackknife(capture, statistic)
-    out = jackknife_t(est, jack, level)
-    out.update(jackknife=jack, interval="jackknife_t")
+    policy = interval_policy(len(jack))
+    out = jackknife_t(est, jack, level, bias_correct=policy == "jackknife_bc")
+    out.update(jackknife=jack, interval=policy, point=est)
     return out

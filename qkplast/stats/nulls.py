@@ -300,38 +300,15 @@ def off_axis_null(capture: xr.Dataset, n_perm: int = 1000, seed: int = 0, chunk:
     position shuffle (corrections page, item 9).
 
     ``key_position_slope = mu_Q^T beta_K`` and ``bias_strength = (a^T mu_Q)(a^T beta_K)`` (eqs. 4.3-4.6), so their
-    difference is ``mu_Q^T P beta_K``, the part of the slope off the drift axis ``a``. Null: the token positions
-    permuted across samples (one permutation for all heads; a sample's query and key keep their common
-    position), which leaves the vectors untouched and destroys every relation to position; the statistic is
-    linear in the centred positions, so each permutation needs ``Q_c^T t_p`` and ``K_c^T t_p`` only. Batched
-    over permutations in chunks of ``chunk``.
+    difference is ``mu_Q^T P beta_K``, the part of the slope off the drift axis ``a``; the null shuffles the
+    token positions across samples (:func:`qkplast.theory.checks.position_shuffle_null`).
 
     Returns ``dict(observed, null)`` with ``null`` the ``n_perm`` values of the statistic.
     """
-    from qkplast._torch import as_f64, resolve_device
+    from qkplast.theory.checks import drift_axis_parts, position_shuffle_null
 
-    dev = resolve_device("auto")
-    q, k = as_f64(capture["q"], dev), as_f64(capture["k"], dev)  # [head, sample, dim]
-    t = as_f64(capture["position"], dev)
-    qc, kc = q - q.mean(1, keepdim=True), k - k.mean(1, keepdim=True)
-    mu_q = q.mean(1)  # [head, dim]
-    tc = t - t.mean()
-    stt = float(tc @ tc)
-
-    def statistic(tp: torch.Tensor) -> torch.Tensor:  # tp [perm, sample] centred positions
-        bq = torch.einsum("hsd,ps->hpd", qc, tp)  # [head, perm, dim]
-        bk = torch.einsum("hsd,ps->hpd", kc, tp)
-        c = bq + bk
-        a = c / torch.linalg.vector_norm(c, dim=-1, keepdim=True)
-        bias = (a * mu_q[:, None]).sum(-1) * (a * bk).sum(-1)  # [head, perm]
-        slope = (mu_q[:, None] * bk).sum(-1)
+    def off_axis(b_q, b_k, mu_q, stt):
+        bias, slope = drift_axis_parts(b_q, b_k, mu_q)
         return ((slope - bias) / stt).mean(0)  # [perm]
 
-    observed = float(statistic(tc[None])[0])
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    null = []
-    for s in range(0, n_perm, chunk):
-        m = min(chunk, n_perm - s)
-        perm = torch.argsort(torch.rand(m, t.numel(), generator=gen), dim=-1).to(dev)  # [perm, sample]
-        null.append(statistic(tc[perm]))
-    return {"observed": observed, "null": torch.cat(null).cpu().numpy()}
+    return position_shuffle_null(capture, off_axis, n_perm, seed, chunk)

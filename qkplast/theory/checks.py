@@ -537,21 +537,15 @@ def key_position_preference(capture, metrics) -> pd.DataFrame:
     })
 
 
-def key_slope_sign_null(capture, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
-    """Sign agreement of ``key_position_slope`` (``mu_Q^T beta_K``) with ``bias_strength``, against a position shuffle.
+def position_shuffle_null(capture, statistic, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
+    """A statistic of the rotation model against a position shuffle: observed and ``n_perm`` null values.
 
-    Observed: the share of heads whose full key-position slope has the sign of
-    their bias strength. Null: the token positions are permuted across samples
-    (one permutation for all heads; a sample's query and key keep their common
-    position), which leaves the vectors untouched and destroys any relation to
-    position. Both quantities are linear in the centred positions, so every
-    permutation needs only ``B_Q = Q_c^T t_p``, ``B_K = K_c^T t_p``: ``a`` is the
-    unit vector of ``B_Q + B_K`` (the pooled cloud's covariance with position,
-    eq. 4.3, when queries and keys share positions), ``bias = (a^T mu_Q)(a^T B_K)``
-    and ``slope = mu_Q^T B_K`` (the common scale ``1/Var(t)`` drops out of signs).
+    The token positions are permuted across samples (one permutation for all heads; a sample's query and
+    key keep their common position), which leaves the vectors untouched and destroys any relation to
+    position. The rotation model's quantities are linear in the centred positions, so every permutation
+    needs only ``B_Q = Q_c^T t_p`` and ``B_K = K_c^T t_p``: ``statistic(b_q, b_k, mu_q, stt)`` gets them
+    ``[head, perm, dim]`` with ``mu_q`` ``[head, dim]`` and ``stt = sum (t - t_bar)^2`` and returns ``[perm]``.
     Batched over permutations in chunks of ``chunk``.
-
-    Returns ``dict(observed, null)`` with ``null`` the ``n_perm`` shares.
     """
     import torch
 
@@ -562,22 +556,44 @@ def key_slope_sign_null(capture, n_perm: int = 1000, seed: int = 0, chunk: int =
     t = as_f64(capture["position"], dev)
     qc, kc = q - q.mean(1, keepdim=True), k - k.mean(1, keepdim=True)
     mu_q = q.mean(1)  # [head, dim]
-
-    def share(tp: torch.Tensor) -> torch.Tensor:  # tp [perm, sample] centred positions
-        bq = torch.einsum("hsd,ps->hpd", qc, tp)  # [head, perm, dim]
-        bk = torch.einsum("hsd,ps->hpd", kc, tp)
-        c = bq + bk
-        a = c / torch.linalg.vector_norm(c, dim=-1, keepdim=True)
-        bias = (a * mu_q[:, None]).sum(-1) * (a * bk).sum(-1)  # [head, perm]
-        slope_full = (mu_q[:, None] * bk).sum(-1)
-        return (torch.sign(bias) == torch.sign(slope_full)).to(torch.float64).mean(0)  # [perm]
-
     tc = t - t.mean()
-    observed = float(share(tc[None])[0])
+    stt = float(tc @ tc)
+
+    def value(tp):  # tp [perm, sample] centred positions
+        return statistic(torch.einsum("hsd,ps->hpd", qc, tp), torch.einsum("hsd,ps->hpd", kc, tp), mu_q, stt)
+
+    observed = float(value(tc[None])[0])
     gen = torch.Generator(device="cpu").manual_seed(seed)
     null = []
     for s in range(0, n_perm, chunk):
         m = min(chunk, n_perm - s)
         perm = torch.argsort(torch.rand(m, t.numel(), generator=gen), dim=-1).to(dev)  # [perm, sample]
-        null.append(share(tc[perm]))
+        null.append(value(tc[perm]))
     return {"observed": observed, "null": torch.cat(null).cpu().numpy()}
+
+
+def drift_axis_parts(b_q, b_k, mu_q):
+    """``bias`` and the full slope ``mu_Q^T B_K`` ``[head, perm]`` (times ``stt``) from the position sums (eq. 4.3-4.6)."""
+    import torch
+
+    c = b_q + b_k
+    a = c / torch.linalg.vector_norm(c, dim=-1, keepdim=True)  # the pooled cloud's drift axis
+    bias = (a * mu_q[:, None]).sum(-1) * (a * b_k).sum(-1)
+    return bias, (mu_q[:, None] * b_k).sum(-1)
+
+
+def key_slope_sign_null(capture, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
+    """Sign agreement of ``key_position_slope`` (``mu_Q^T beta_K``) with ``bias_strength``, against a position shuffle.
+
+    Observed: the share of heads whose full key-position slope has the sign of their bias strength; null:
+    :func:`position_shuffle_null` (the common scale ``1/Var(t)`` drops out of signs).
+
+    Returns ``dict(observed, null)`` with ``null`` the ``n_perm`` shares.
+    """
+    import torch
+
+    def share(b_q, b_k, mu_q, stt):
+        bias, slope_full = drift_axis_parts(b_q, b_k, mu_q)
+        return (torch.sign(bias) == torch.sign(slope_full)).to(torch.float64).mean(0)  # [perm]
+
+    return position_shuffle_null(capture, share, n_perm, seed, chunk)
