@@ -306,7 +306,10 @@ def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx
     """
     n_set, n_slot = idx.shape
     n = scores32.shape[1] // n_head
-    if bool(smask.all()):
+    if n_set == 1 and n_slot == scores32.shape[0] and bool(smask.all()) and bool((idx[0] == torch.arange(
+            n_slot, device=idx.device)).all()):
+        g = scores32  # one set of every candidate key in order (the whole set with pair_docs="any"): no copy
+    elif bool(smask.all()):
         g = torch.index_select(scores32, 0, idx.reshape(-1))
     else:  # unused slots point at a row of -inf
         padded = torch.cat([scores32, torch.full_like(scores32[:1], -torch.inf)])
@@ -315,9 +318,11 @@ def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx
     # the keys within 2 bound of the top score: one key means a certain winner, which is then that key (a
     # reduction over the slots as a product, faster here than max with indices over a middle axis)
     close = (g >= (g.amax(1) - 2 * bound)[:, None]).to(torch.float32)  # [set, slot, head * query]
-    sure = close.sum(1) == 1
-    arg = torch.matmul(torch.arange(n_slot, dtype=torch.float32, device=g.device), close).round_().long()
-    arg = arg.masked_fill_(~sure, 0)  # [set, head * query]; an uncertain row is counted below instead
+    # one product gives both the number of close keys and, where it is one, the winner's slot
+    count_arg = torch.matmul(torch.stack([torch.ones(n_slot, device=g.device),
+                                          torch.arange(n_slot, dtype=torch.float32, device=g.device)]), close)
+    sure = count_arg[:, 0] == 1  # [set, head * query]
+    arg = count_arg[:, 1].round_().long().masked_fill_(~sure, 0)  # an uncertain row is counted below instead
     counts = torch.zeros(n_set, n_slot, n_head, dtype=torch.float64, device=g.device)
     counts.view(n_set, -1).scatter_add_(1, _winner_slots(arg, n_head, n), sure.to(torch.float64))
     if not bool(sure.all()):
@@ -345,17 +350,21 @@ def _winner_slots(arg: torch.Tensor, n_head: int, n: int) -> torch.Tensor:
     return arg * n_head + head  # [set, head * query]
 
 
-def float32_scores(rows: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def float32_scores(rows: torch.Tensor, keys: torch.Tensor, keys32: torch.Tensor | None = None,
+                   key_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 scores ``[key, head * row]`` (keys first) of float64 ``rows`` ``[head, row, dim]`` against ``keys``
     ``[head, key, dim]`` and the rounding bound ``[head * row]`` of each row's scores (module
     :mod:`qkplast.analysis.signs`); an infinite bound (every winner scored again) where float32 could
-    overflow or torch runs float32 products in a lower precision."""
+    overflow or torch runs float32 products in a lower precision. ``keys32`` and ``key_norm`` (the keys'
+    float32 copy and largest norm per head) may be passed when several row sets meet the same keys."""
     dim = rows.shape[-1]
-    scale = torch.linalg.vector_norm(rows, dim=-1) * torch.linalg.vector_norm(keys, dim=-1).amax(-1, keepdim=True)
+    key_norm = torch.linalg.vector_norm(keys, dim=-1).amax(-1, keepdim=True) if key_norm is None else key_norm
+    scale = torch.linalg.vector_norm(rows, dim=-1) * key_norm
     bound = sign_bound(dim) * scale + dim * torch.finfo(torch.float32).tiny  # [head, row]
     if not (float32_products_are_exact_ieee(rows.device) and bool((scale < 2.0**100).all())):
         bound = torch.full_like(bound, torch.inf)
-    s = torch.bmm(keys.to(torch.float32), rows.to(torch.float32).transpose(1, 2))  # [head, key, row]
+    keys32 = keys.to(torch.float32) if keys32 is None else keys32
+    s = torch.bmm(keys32, rows.to(torch.float32).transpose(1, 2))  # [head, key, row]
     return s.transpose(0, 1).reshape(keys.shape[1], -1), bound.reshape(-1)
 
 
@@ -387,19 +396,19 @@ def listwise_kernel(rot: Rotated, sets: SetLayout, opt: AnalysisOptions) -> List
             continue
         k_t = kr[:, bs.keys]  # [head, key, dim]
         q_t = qr[:, bs.queries]  # [head, query, dim]
-        s_cap, b_cap = float32_scores(q_t, k_t)  # [key, head * query], [head * query]
+        k32, k_norm = k_t.to(torch.float32), torch.linalg.vector_norm(k_t, dim=-1).amax(-1, keepdim=True)
+        s_cap, b_cap = float32_scores(q_t, k_t, k32, k_norm)  # [key, head * query], [head * query]
         if cols:
             draws = model_draws(model, sets.z, b)  # [head, draw, dim]
-            s_mod, b_mod = float32_scores(draws, k_t)
+            s_mod, b_mod = float32_scores(draws, k_t, k32, k_norm)
             exact_cap = lambda hh, qq, kk: (q_t[hh, qq][:, None] * k_t[hh[:, None], kk]).sum(-1)  # noqa: E731
             exact_mod = lambda hh, qq, kk: (draws[hh, qq][:, None] * k_t[hh[:, None], kk]).sum(-1)  # noqa: E731
             for c, (idx, smask) in zip(cols, bs.sets):
                 if idx.shape[0] == 0:
                     continue
-                ok = torch.ones(idx.shape[0], dtype=torch.bool, device=dev)
-                ap_mc[:, b, c] = masked_set_mean(certified_winner_plasticity(s_cap, b_cap, idx, smask, exact_cap, h,
-                                                                             opt.mc_unbiased), ok)
-                ap[:, b, c] = masked_set_mean(certified_winner_plasticity(s_mod, b_mod, idx, smask, exact_mod, h, True), ok)
+                ap_mc[:, b, c] = torch.nanmean(certified_winner_plasticity(s_cap, b_cap, idx, smask, exact_cap, h,
+                                                                           opt.mc_unbiased), -1)
+                ap[:, b, c] = torch.nanmean(certified_winner_plasticity(s_mod, b_mod, idx, smask, exact_mod, h, True), -1)
         if not bool(bs.has.any()):
             continue
         block = torch.tensor(-torch.inf, dtype=torch.float64, device=dev)
@@ -408,9 +417,11 @@ def listwise_kernel(rot: Rotated, sets: SetLayout, opt: AnalysisOptions) -> List
         s_pos = (model.mean[:, b, 0, None] * k_t[..., 0] * scale)[:, None, :]  # [head, 1, key]
         w_pos = torch.softmax(torch.where(bs.key_group[None], s_pos, block), -1)  # [head, group, key]
         mass_pos = (w_pos @ nearest)[:, bs.query_group]  # [head, query]
-        scores = s_cap.view(-1, h, bs.queries.numel()).permute(1, 2, 0).to(torch.float64)  # [head, query, key]
-        w = torch.softmax(torch.where(bs.same[None], scores * scale, block), -1)  # [head, query, key]
-        mass_act = w @ nearest  # [head, query]
+        # the softmax of the float32 scores in float32 (its own rounding, about 1e-7 relative, is far below the
+        # scores' bound), the masses summed in float64
+        scores = s_cap.view(-1, h, bs.queries.numel()).permute(1, 2, 0)  # [head, query, key]
+        w = torch.softmax(scores.mul(scale).masked_fill_(~bs.same[None], -torch.inf), -1)  # [head, query, key]
+        mass_act = (w @ bs.nearest.to(torch.float32)).to(torch.float64)  # [head, query]
         for mass, dst, dst_doc in ((mass_pos, near_pos, near_pos_doc), (mass_act, near_act, near_act_doc)):
             dst[:, b] = masked_set_mean(mass, bs.has)
             dst_doc[:, b] = _doc_means(mass, bs.has, bs.query_doc, sets.n_doc)
