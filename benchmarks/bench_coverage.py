@@ -15,8 +15,8 @@ each interval method's end points compared with the truth:
   percentile, BCa, jackknife-t around the estimate (leave-one-document-out values by reweighting)
   and the bias-corrected jackknife-t (the same half-width around ``n estimate - (n - 1) mean(jackknife)``);
 * for ``ap_drop`` and its four parts (:mod:`qkplast.analysis.decompose`): jackknife-t over documents with
-  each leave-one-out capture re-analysed whole, key pairs drawn again, plain and bias-corrected
-  (:func:`qkplast.stats.bootstrap.document_interval`, the interval the book reports for the parts).
+  each leave-one-out capture re-analysed whole with its share of the whole capture's key pairs, plain and
+  bias-corrected (:func:`qkplast.stats.bootstrap.document_interval`, the interval the book reports for the parts).
 
 The table goes to ``data/coverage.csv`` (one row per world, document count, quantity and method: coverage,
 its binomial standard error, the share of misses below and above, mean width), each world's truth to
@@ -79,25 +79,28 @@ def truth(args) -> dict[str, float]:
 
 def one_replicate(args) -> list[dict]:
     """Every method's interval for one capture of ``n_docs`` documents (replicate ``r``)."""
-    world, n_docs, r, n_boot = args
+    world, n_docs, r, n_boot, parts_only = args
     _quiet()
     from qkplast.analysis.decompose import model_level_parts
+    from qkplast.options import AnalysisOptions
     from qkplast.stats.bootstrap import bootstrap, document_interval
     from qkplast.stats.intervals import jackknife_t
     from qkplast.theory.planted import planted_capture
 
     cap, _ = planted_capture(n_docs=n_docs, seed=1000 * n_docs + r, **WORLDS[world])
-    boot = bootstrap(cap, n_boot=n_boot, seed=r)
     row = dict(world=world, docs=n_docs, replicate=r)
     rows = []
-    for metric in BOOT_METRICS:
+    boot = None if parts_only else bootstrap(cap, n_boot=n_boot, seed=r)
+    for metric in BOOT_METRICS if boot is not None else ():
         b = boot.sel(metric=metric)
         for method, (lo, hi) in BOOT_METHODS.items():
             rows.append({**row, "quantity": metric, "method": method, "policy": boot.attrs["interval"],
                          "estimate": float(b.estimate), "lo": float(b[lo]), "hi": float(b[hi])})
     # AP_drop and its parts: a jackknife whose every capture is re-analysed whole (key pairs drawn again), plain and
     # around the bias-corrected estimate (the policy's)
-    parts = document_interval(cap, lambda c: [model_level_parts(c)[q] for q in PART_QUANTITIES])
+    opt = AnalysisOptions()
+    parts = document_interval(cap, lambda c, pairs=None: [model_level_parts(c, opt, pairs=pairs)[q] for q in PART_QUANTITIES],
+                              pairs_of=opt)
     plain = jackknife_t(parts["point"], parts["jackknife"])
     for method, res in (("jackknife-t (re-analysed)", plain), ("bias-corrected jackknife-t (re-analysed)", parts)):
         for i, q in enumerate(PART_QUANTITIES):
@@ -135,6 +138,7 @@ def main():
     ap.add_argument("--deadline", type=float, default=0, help="seconds after which no further replicate is waited for")
     ap.add_argument("--raw", default=None, help="also write every interval (one row per replicate, quantity, method)")
     ap.add_argument("--from-raw", nargs="+", default=None, help="only rebuild the table from the --raw files of earlier runs")
+    ap.add_argument("--parts-only", action="store_true", help="only the AP_drop parts' intervals (no bootstrap)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "data" / "coverage.csv"))
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -150,7 +154,7 @@ def main():
                                 sort=False).round(3).to_string())
         return
     truth_jobs = [(w, args.truth_docs, s) for w in worlds for s in range(args.truth_seeds)]
-    jobs = [(w, n, r, args.n_boot) for n in args.docs for w in worlds for r in range(args.replicates)]
+    jobs = [(w, n, r, args.n_boot, args.parts_only) for n in args.docs for w in worlds for r in range(args.replicates)]
     truth_file = Path(args.out).with_name("coverage_truth.csv")
     known = pd.read_csv(truth_file) if truth_file.exists() else pd.DataFrame(columns=["world", "truth_docs"])
     known = known[(known.truth_docs == args.truth_docs) & known.world.isin(worlds)]

@@ -60,8 +60,8 @@ import xarray as xr
 from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device,
                             scratch, to_numpy)
 from qkplast.analysis.moments import cloud_moments
-from qkplast.analysis.plasticity import (QueryModel, bytes_per_head, edge_masks, pair_kernel, pairwise_plasticity,
-                                         plasticity_layout, rotated_clouds, weighted_pair_mean)
+from qkplast.analysis.plasticity import (KeyPairs, QueryModel, bytes_per_head, edge_masks, pair_kernel,  # noqa: F401
+                                         pairwise_plasticity, plasticity_layout, rotated_clouds, weighted_pair_mean)
 from qkplast.options import AnalysisOptions
 
 #: counterfactual (P, C) switches, in the order of the ``variant`` axis
@@ -192,16 +192,17 @@ def decomposition_dataset(profiles: np.ndarray, tau: np.ndarray, buckets: np.nda
     return ds
 
 
-def counterfactual_ap(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.DataArray:
+def counterfactual_ap(capture: xr.Dataset, options: AnalysisOptions | None = None, pairs=None, **overrides) -> xr.DataArray:
     """Counterfactual closed-form profiles ``[variant, head, query_bucket]`` (see the module docstring).
 
     ``variant`` is labelled ``"P1C1"``, ``"P1C0"``, ``"P0C1"``, ``"P0C0"``; ``P1C1`` is ``ap`` itself. One
     pass over the heads: the closed form only (no Monte Carlo, no maps), the three counterfactual variants
-    evaluated on each block of key differences while it is in cache.
+    evaluated on each block of key differences while it is in cache. ``pairs`` (:class:`KeyPairs`) replace the
+    drawn ones (see :func:`qkplast.analysis.plasticity.pairs_without`).
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     dev = resolve_device(opt.device)
-    lay = plasticity_layout(capture, opt, dev, warn=False)
+    lay = plasticity_layout(capture, opt, dev, warn=False, pairs=pairs)
     usable = usable_counts(lay, opt, dev)
 
     def one_chunk(sl: slice) -> torch.Tensor:
@@ -226,7 +227,7 @@ def usable_counts(lay, opt: AnalysisOptions, dev: torch.device) -> torch.Tensor:
 
 
 def decompose_drop(capture: xr.Dataset, options: AnalysisOptions | None = None, ap_drop: np.ndarray | None = None,
-                   **overrides) -> xr.Dataset:
+                   pairs=None, **overrides) -> xr.Dataset:
     """``ap_drop_baseline``, ``ap_drop_bias``, ``ap_drop_content`` and ``ap_drop_interaction``, summing to ``ap_drop``.
 
     Parameters
@@ -244,15 +245,15 @@ def decompose_drop(capture: xr.Dataset, options: AnalysisOptions | None = None, 
         the counterfactual profiles. :func:`qkplast.analyze` computes the same in its own pass over the heads.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
-    cf = counterfactual_ap(capture, opt)
+    cf = counterfactual_ap(capture, opt, pairs)
     return decomposition_dataset(cf.values, cf.tau.values, cf.query_bucket.values, int(capture.attrs["seq_len"]),
                                  opt, None if ap_drop is None else np.asarray(ap_drop, float))
 
 
-def model_level_parts(capture: xr.Dataset, options: AnalysisOptions | None = None) -> dict[str, float]:
+def model_level_parts(capture: xr.Dataset, options: AnalysisOptions | None = None, pairs=None) -> dict[str, float]:
     """``ap_drop`` and its four parts as means over heads (NaN heads left out): the model-level quantities
-    that :mod:`qkplast.stats` puts intervals on."""
-    d = decompose_drop(capture, options)
+    that :mod:`qkplast.stats` puts intervals on (``pairs``: as for :func:`counterfactual_ap`)."""
+    d = decompose_drop(capture, options, pairs=pairs)
     cf = d.ap_counterfactual.sel(variant="P1C1").values  # [head, bucket]
     first, last = edge_masks(d.tau.values, int(capture.attrs["seq_len"]), options or AnalysisOptions())
     with warnings.catch_warnings():

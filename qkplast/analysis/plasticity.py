@@ -138,6 +138,19 @@ def sample_key_pairs(capture: xr.Dataset, options: AnalysisOptions) -> KeyPairs:
     return KeyPairs(out_i, out_j, valid, tau, n_adm)
 
 
+def pairs_without(pairs: KeyPairs, keep: np.ndarray) -> KeyPairs:
+    """The pairs of a capture restricted to the samples ``keep`` (a boolean mask), indexed into the kept samples.
+
+    A pair that loses a key is padding (``valid`` False); the order of the rest is unchanged. With ``keep``
+    the samples of all documents but one, these are the left-out capture's share of the full capture's pairs,
+    so a jackknife over documents does not redraw the pairs (their draw would add its own noise to every
+    leave-one-out value).
+    """
+    new = np.cumsum(keep) - 1  # [sample] index among the kept samples
+    ok = pairs.valid & keep[pairs.i] & keep[pairs.j]
+    return KeyPairs(np.where(ok, new[pairs.i], 0), np.where(ok, new[pairs.j], 0), ok, pairs.tau, pairs.n_admissible)
+
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -582,10 +595,16 @@ def pair_weights(pairs: KeyPairs, position: np.ndarray, rule: str) -> np.ndarray
     return np.where(pairs.valid & np.isfinite(w) & (w > 0), w, 0.0)
 
 
-def plasticity_layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool) -> _Layout:
-    """Buckets, key pairs, query lists, pair weights and map cells of a capture: what every head shares."""
+def plasticity_layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool,
+                      pairs: KeyPairs | None = None) -> _Layout:
+    """Buckets, key pairs, query lists, pair weights and map cells of a capture: what every head shares.
+
+    ``pairs`` (default: drawn by :func:`sample_key_pairs`) are given when an analysis must use pairs drawn
+    once for a larger capture (a jackknife over documents keeps each left-out capture's share of them,
+    :func:`pairs_without`).
+    """
     buckets, _, width, counts = bucket_layout(capture, opt.query_position)
-    pairs = sample_key_pairs(capture, opt)
+    pairs = sample_key_pairs(capture, opt) if pairs is None else pairs
     few = (counts < opt.min_bucket_samples) | (counts == 0)
     no_pairs = ~pairs.valid.any(1)
     if warn and few.any():

@@ -347,13 +347,14 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
         raise ValueError(f"conditions hold different documents {sorted(set(docs.values()))}: the differences are paired "
                          "by document")
     doc_ids = docs["baseline"]
+    from qkplast.stats.bootstrap import document_jackknife
+
     opt = options or AnalysisOptions()
-    values = lambda cap: np.array(list(model_level_parts(cap, opt).values()))  # noqa: E731  [quantity]
-    without = lambda cap, d: cap.isel(sample=np.flatnonzero(cap.doc.values != d))  # noqa: E731
+    values = lambda cap, pairs=None: np.array(list(model_level_parts(cap, opt, pairs=pairs).values()))  # noqa: E731
     est, jack = {}, {}
     for name, cap in tqdm(captures.items(), desc="conditions", disable=not progress):
         est[name] = values(cap)
-        jack[name] = np.stack([values(without(cap, d)) for d in doc_ids])  # [doc, quantity]
+        jack[name] = document_jackknife(cap, values, pairs_of=opt)  # [doc, quantity], each keeping its share of pairs
     rows, diffs = [], []
     for name in captures:
         own = jackknife_t(est[name], jack[name], level, bias_correct=True)

@@ -294,8 +294,12 @@ def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, 
     from qkplast.analysis.decompose import PARTS, model_level_parts
     from qkplast.stats.bootstrap import document_interval
 
+    from qkplast.options import AnalysisOptions
+
     names = ["ap_drop", *PARTS]
-    ci = document_interval(capture, lambda c: [model_level_parts(c, options)[n] for n in names], level)
+    opt = options or AnalysisOptions()
+    ci = document_interval(capture, lambda c, pairs=None: [model_level_parts(c, opt, pairs=pairs)[n] for n in names],
+                           level, pairs_of=opt)
     out = pd.DataFrame({"mean over heads": ci["point"], "bias-corrected": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
                         f"{int(100 * level)}% hi": ci["hi"],
                         "share of heads > 0": [float((metrics[n] > 0).mean()) for n in names]}, index=names)

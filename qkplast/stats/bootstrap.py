@@ -239,25 +239,39 @@ def documents_of(capture: xr.Dataset) -> np.ndarray:
     return np.unique(capture.doc.values)
 
 
-def document_jackknife(capture: xr.Dataset, statistic) -> np.ndarray:
+def document_jackknife(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions | None = None) -> np.ndarray:
     """``statistic`` of the capture with each document left out in turn: ``[document, ...]`` (sorted ids).
 
     ``statistic(capture) -> array_like`` is any model-level quantity (a mean over heads, a contrast of
-    two, a vector of them); each leave-one-out capture is re-analysed whole (query model, pairs, fit),
-    so the values carry every source of document-to-document variation.
+    two, a vector of them); each leave-one-out capture is re-analysed whole (query model, fit), so the
+    values carry every source of document-to-document variation. With ``pairs_of`` (the analysis options)
+    the key pairs are drawn once, on the whole capture, and each left-out capture keeps its share of them
+    (:func:`qkplast.analysis.plasticity.pairs_without`): ``statistic(capture, pairs=...)`` is then called, and
+    the leave-one-out values do not carry a fresh draw of pairs each (which a bias correction, multiplying
+    their deviations by ``n - 1``, would amplify).
     """
+    from qkplast.analysis.plasticity import pairs_without, sample_key_pairs
+
     docs = documents_of(capture)
     if len(docs) < 2:
         raise ValueError(f"a jackknife over documents needs at least two documents, the capture has {len(docs)}")
-    return np.stack([np.asarray(statistic(capture.isel(sample=np.flatnonzero(capture.doc.values != d))), float)
-                     for d in docs])
+    full = sample_key_pairs(capture, pairs_of) if pairs_of is not None else None
+    out = []
+    for d in docs:
+        keep = capture.doc.values != d
+        sub = capture.isel(sample=np.flatnonzero(keep))
+        value = statistic(sub) if full is None else statistic(sub, pairs=pairs_without(full, keep))
+        out.append(np.asarray(value, float))
+    return np.stack(out)
 
 
-def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estimate=None) -> dict:
+def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estimate=None,
+                      pairs_of: AnalysisOptions | None = None) -> dict:
     """The policy's interval over documents for any model-level ``statistic`` of a capture, from the jackknife.
 
     The policy (:func:`qkplast.stats.intervals.interval_policy`) is the bias-corrected jackknife-t; each
-    left-out capture is re-analysed whole.
+    left-out capture is re-analysed whole, with the whole capture's key pairs when ``pairs_of`` (the
+    analysis options) is given (:func:`document_jackknife`).
 
     Returns
     -------
@@ -267,7 +281,7 @@ def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estim
         leave-one-out values) and ``interval`` (the method's name).
     """
     est = np.asarray(statistic(capture) if estimate is None else estimate, float)
-    jack = document_jackknife(capture, statistic)
+    jack = document_jackknife(capture, statistic, pairs_of)
     policy = interval_policy(len(jack))
     out = jackknife_t(est, jack, level, bias_correct=policy == "jackknife_bc")
     out.update(jackknife=jack, interval=policy, point=est)
