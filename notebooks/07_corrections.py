@@ -73,9 +73,10 @@ readings = []  # one entry per empirical reading; the words are decided together
 # (`qkplast.theory.planted`) whose documents differ from one another (each shifts the content means and
 # scales the drifts), whose truth is the analysis of one capture of a thousand documents, and for each
 # document count hundreds of independent captures, each with every interval method
-# (`qkplast.stats.bootstrap.bootstrap`: basic, percentile, BCa and jackknife-t from 1000 replicates; and a
-# jackknife-t whose left-out captures are re-analysed whole, the interval of the AP_drop parts). The stored
-# table (`data/coverage.csv`, not recomputed by the book):
+# (`qkplast.stats.bootstrap.bootstrap`: basic, percentile, BCa and jackknife-t from 1000 replicates, the
+# jackknife-t around the estimate and around its bias-corrected value; and for the AP_drop parts the same two
+# jackknife-t intervals with each left-out capture re-analysed whole, keeping its share of the whole
+# capture's key pairs). The stored table (`data/coverage.csv`, not recomputed by the book):
 
 # %%
 coverage = results.coverage_results()

@@ -1,9 +1,14 @@
 """Statistics: captures and metrics in, intervals, permutation nulls and verdicts out.
 
-Documents are the unit of every interval on a capture. :func:`bootstrap` (:mod:`~qkplast.stats.bootstrap`)
-resamples documents, through the reweighted sufficient statistics of :mod:`~qkplast.stats.reweight`;
-:mod:`~qkplast.stats.nulls` holds the corrections page's permutation nulls and
-:mod:`~qkplast.stats.verdict` turns an estimate and its null into a verdict word.
+Documents are the unit of every interval on a capture (seeds for anything trained). The inference policy
+(:func:`~qkplast.stats.intervals.interval_policy`) picks the interval by the number of units, from the
+coverage ``benchmarks/bench_coverage.py`` measures on planted worlds: the bias-corrected jackknife-t.
+:func:`bootstrap` (:mod:`~qkplast.stats.bootstrap`) resamples documents, through the reweighted sufficient
+statistics of :mod:`~qkplast.stats.reweight`, and reports the policy's interval in ``lo``/``hi`` with the
+basic, percentile, BCa and jackknife-t intervals beside it; :func:`document_interval` gives the policy's
+interval for any model-level statistic by re-analysing the capture without each document.
+:mod:`~qkplast.stats.nulls` holds the permutation nulls and :mod:`~qkplast.stats.verdict` the verdict rule
+(:func:`verdict`, :func:`holm`, :func:`conjunction`).
 """
 
 from qkplast.stats.bootstrap import bca_interval, bootstrap, document_interval, document_jackknife
