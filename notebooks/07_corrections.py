@@ -49,7 +49,8 @@ import pandas as pd
 
 from qkplast.results import reference
 from qkplast.results import tables as results
-from qkplast.stats import nulls, verdict
+from qkplast.stats import nulls
+from qkplast.stats.verdict import null_verdict
 from qkplast.theory import checks as theory
 from qkplast.pipeline.batch import load_or_analyze, load_or_bootstrap, load_run
 from qkplast.analysis.plasticity import PlasticityWarning, effective_pairs, pair_statistics, plasticity
@@ -84,7 +85,8 @@ summary = results.coverage_summary(coverage, run.capture.attrs["n_docs"])
 print(f"{summary.attrs['replicates']} or more captures per cell; worlds: {', '.join(coverage.world.unique())}")
 print(f"the policy's interval at this run's {run.capture.attrs['n_docs']} documents covers at least "
       f"{summary.attrs['policy_min']:.1%} (lowest: {summary.attrs['policy_min_at']}) for a nominal 95%")
-summary.round(3)
+pd.set_option("display.max_rows", 120)  # the whole table, every method of every quantity
+summary.unstack("world").round(3)
 
 # %% [markdown]
 # The policy (`qkplast.stats.intervals.interval_policy`) follows the table. The plasticity aggregates of a
@@ -219,7 +221,7 @@ print(f"bound start T in window lengths: median {start['median']:,.0f} (two sign
 
 # %%
 sign = theory.key_slope_sign_null(capture, n_perm=n_null, seed=seed)
-v = verdict.null_verdict(sign["observed"], sign["null"], null_name="position permutation")
+v = null_verdict(sign["observed"], sign["null"], null_name="position permutation")
 readings.append({"item": "5. full slope has the sign of bias_strength", "p": v["p"]})
 print(f"heads whose key_position_slope has the sign of bias_strength: {v['text']} (word decided at the end)")
 
@@ -295,7 +297,7 @@ off = jackknife_t(boot.estimate.sel(metric="key_position_slope") - boot.estimate
                   (boot.jackknife.sel(metric="key_position_slope") - boot.jackknife.sel(metric="bias_strength")).values,
                   bias_correct=True)
 off_null = nulls.off_axis_null(capture, n_perm=n_null, seed=seed)
-v = verdict.null_verdict(off_null["observed"], off_null["null"], null_name="position permutation")
+v = null_verdict(off_null["observed"], off_null["null"], null_name="position permutation")
 readings.append({"item": "9. key_position_slope exceeds bias_strength (off-axis term > 0)", "p": v["p"],
                  "estimate": off_null["observed"], "lo": float(off["lo"]), "hi": float(off["hi"]), "claim": "greater"})
 print(f"per head: key_position_slope / bias_strength median {share['ratio, median']:.2f} (5-95% over heads "

@@ -30,7 +30,7 @@ def test_corrections_page_computes_its_verdicts():
     assert "**Confirmed" not in page
     # every verdict is computed against its null (nulls.describe wraps verdict.null_verdict), and the words are
     # decided together at the end, with Holm's correction, by the package
-    assert page.count("verdict.null_verdict(") + page.count("nulls.describe(") >= 4
+    assert page.count("null_verdict(") + page.count("nulls.describe(") >= 4
     assert "results.corrections_verdicts(readings)" in page and page.count("readings.append(") >= 6
 
 
