@@ -174,7 +174,7 @@ def build_model(name: str, cache: Path, device: str) -> tuple[str, str]:
     import torch
     import transformers as T
 
-    from test_capture import tiny_tokenizer
+    from helpers import tiny_tokenizer
 
     spec = dict(CONFIGS[name])
     config = T.AutoConfig.for_model(spec.pop("model_type"), **spec)

@@ -195,7 +195,7 @@ def scale(args) -> int:
               f"{c['above_start_mb']:7.1f}      | {slopes}")
     fixed = [rows[(n, "capture")]["seconds"] - rows[(n, "hooked")]["seconds"] for n in lengths]
     linear = {mode: _agree(s) for mode, s in slope.items()}
-    print(f"memory linear in seq_len (slopes agree within 10%): "
+    print("memory linear in seq_len (slopes agree within 10%): "
           + ", ".join(f"{m} {linear[m]}" for m in MODES))
     print(f"hooked/bare wall time at most 1.05 at every length: {all(r <= 1.05 for r in ratios)} "
           f"(ratios {', '.join(f'{r:.3f}' for r in ratios)})")

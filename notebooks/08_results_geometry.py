@@ -25,9 +25,9 @@
 #
 # **Comparability.** The quantities and their definitions are identical. The setting is not: the thesis
 # captured 300 heads of each of 11 models between 0.6B and 14B parameters on 128K-token LongBench-Pro
-# documents, while the default run captures the 270 heads of the 135M-parameter SmolLM2 on four 8192-token
-# documents of the Python documentation. Differences below therefore say how a small model on a short, clean
-# context differs from the thesis's models, not whether the thesis's numbers reproduce.
+# documents, while this run's model, heads, windows and corpus are printed below (read from the capture).
+# Differences below therefore say how this model on this context differs from the thesis's models, not
+# whether the thesis's numbers reproduce.
 
 # %% tags=["parameters"]
 run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
@@ -36,10 +36,8 @@ study = ""  # a study file or directory (qkplast study): the cells at the end re
 
 # %%
 import numpy as np
-import pandas as pd
 
 import qkplast.results.figures as qp
-from qkplast.results import reference
 from qkplast.results import tables as results
 from qkplast.rundir import chapter_run
 
@@ -70,9 +68,12 @@ fig = qp.axis_reversal(metrics)
 # ## Taxonomy (Fig. A.1)
 #
 # The thesis finds Llama heads high on both axes, small Qwen models Q-positional and Ministral moderate.
-# SmolLM2 has the Llama architecture, yet most of its heads are Q-positional or mixed on this short context.
+# This run's shares of the four classes (computed, largest first):
 
 # %%
+shares = metrics.taxonomy.to_series().value_counts(normalize=True)
+print("; ".join(f"{name}: {share:.1%}" for name, share in shares.items()))
+print(f"the largest class is {shares.index[0]!r}")
 fig = qp.taxonomy_scatter(metrics)
 
 # %% [markdown]
@@ -81,10 +82,11 @@ fig = qp.taxonomy_scatter(metrics)
 # The thesis reports means of $3.0\times10^{-4}$ (Ministral-3), $0.8$-$1.0\times10^{-3}$ (Qwen-3) and
 # $6.0$-$7.0\times10^{-4}$ (Llama-3.2) per family, without uncertainty. Bias strength is in score units per
 # token, so its size depends on the scale of each model's query and key vectors; only its sign and the
-# spread across heads compare across models. The intervals are a bootstrap over documents (`n_boot`
+# spread across heads compare across models. The intervals are over documents (`n_boot` bootstrap
 # replicates; the note under the table states the count and how replicates are computed, see
-# `qkplast.stats.bootstrap`), shown three ways: basic, percentile and BCa. They differ where the replicates are
-# skewed or biased; where they disagree, the BCa interval is the one that corrects for both.
+# `qkplast.stats.bootstrap`). The first is the inference policy's interval for this many documents (the
+# bias-corrected jackknife-t, chosen by its measured coverage,
+# {doc}`07_corrections`); basic, percentile, BCa and jackknife-t are shown beside it.
 
 # %%
 boot = run.bootstrap(n_boot)

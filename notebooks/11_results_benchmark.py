@@ -31,8 +31,6 @@ run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest
 study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
 # %%
-import numpy as np
-import pandas as pd
 
 import qkplast.results.figures as qp
 from qkplast.results import reference

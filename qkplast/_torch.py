@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 T = TypeVar("T")
 
@@ -66,6 +66,16 @@ def head_chunks(n_head: int, chunk: int | None):
 
 
 _worker = threading.local()
+_blas: list = []  # the process's one ThreadpoolController, made on first use
+
+
+def blas_threads(n: int):
+    """``threadpoolctl``'s limit on the BLAS threads as a context manager, from one controller per process: a
+    fresh ``threadpool_limits`` scans the loaded libraries on every call (about 30 ms), which dominated the
+    small analyses that jackknives and nulls repeat hundreds of times."""
+    if not _blas:
+        _blas.append(ThreadpoolController())
+    return _blas[0].limit(limits=n, user_api="blas")
 
 
 def map_head_chunks(fn: Callable[[slice], T], n_head: int, chunk: int, device: torch.device) -> list[T]:
@@ -89,7 +99,7 @@ def map_head_chunks(fn: Callable[[slice], T], n_head: int, chunk: int, device: t
         _worker.scratch = {}
         try:
             # numpy's BLAS (see matmul) with as many threads as torch's
-            with threadpool_limits(torch.get_num_threads(), user_api="blas"):
+            with blas_threads(torch.get_num_threads()):
                 return [fn(s) for s in slices]
         finally:
             del _worker.scratch
@@ -103,7 +113,7 @@ def map_head_chunks(fn: Callable[[slice], T], n_head: int, chunk: int, device: t
     before = torch.get_num_threads()
     try:
         # numpy's BLAS (see matmul) one thread per worker as well: its own pool would serialise the workers' calls
-        with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers, initializer=start_worker) as pool:
+        with blas_threads(1), ThreadPoolExecutor(workers, initializer=start_worker) as pool:
             return list(pool.map(fn, slices))
     finally:
         torch.set_num_threads(before)  # a worker's setting also reaches the process-wide BLAS

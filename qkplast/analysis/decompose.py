@@ -1,169 +1,161 @@
-"""Bias versus content: an exact three-part decomposition of AP_drop (beyond the thesis, 7.1.2 and 7.6).
+"""Drift versus content: an exact four-part decomposition of AP_drop (beyond the thesis, 7.1.2 and 7.6).
 
 The thesis attributes the AP_drop left after bias collapse to "content signal
-decay" without measuring it. In the Householder basis of eq. 4.10 the score
-difference of a key pair splits into the part carried by the positional
-coordinate and the part carried by the semantic coordinates,
+decay" without measuring it. The fitted model of eqs. 4.10-4.12 gives the
+score difference ``D = q^T delta`` of a key pair ``delta = k_i - k_j`` in query
+bucket ``b`` the mean ``m_b^T delta`` and the variance ``delta^T Sigma_b delta``.
+Everything in it that moves with position is a *mean drift*, and it has two
+sources:
 
-    D = delta_1 q_1 + delta_{2:d}^T q_{2:d},
+* the queries: the linear drift of eq. 4.10, which the Householder basis puts
+  on coordinate 1, ``m_b,1 = alpha_pos + beta_pos tau_b``;
+* the keys: their own linear drift ``beta_K`` (the slope of the keys over
+  position, in every coordinate, the drift axis or not), which makes
+  ``delta = beta_K (t_i - t_j) + (r_i - r_j)`` with ``r`` the keys' residual.
 
-and the fitted positional-semantic model (eqs. 4.11-4.12) gives each part a
-mean and a variance per query bucket b:
+Everything else is *content*: the query statistics of each bucket around that
+drift (the semantic means ``mu_b``, every variance, ``sigma_pos^2`` included)
+and the keys' residual differences ``r_i - r_j``. Two switches give four
+counterfactual models of each bucket, evaluated on the bucket's own key pairs
+with the closed form (eq. 4.14) and averaged with the estimator's pair weights:
 
-    positional part   mean delta_1 (alpha_pos + beta_pos tau_b),  variance delta_1^2 sigma_pos^2
-    content part      mean delta_{2:d}^T mu_b,                     variance delta_{2:d}^T Sigma_b delta_{2:d}
-
-Two switches give four counterfactual models per bucket, each evaluated on the
-bucket's own key pairs with the closed form (eq. 4.14):
-
-* ``P`` (positional term): 1 keeps the positional part; 0 removes it (the
-  query's positional coordinate contributes nothing, mean or variance);
-* ``C`` (content statistics): 1 uses the bucket's own (mu_b, Sigma_b); 0 holds
-  them at their context average (the query-count-weighted mean over buckets
-  of mu_b and of Sigma_b, i.e. the pooled within-bucket moments).
+* ``P`` (drift): 1 keeps both drifts; 0 removes them: the query mean is held at
+  its context average level along the drift (``beta_pos (tau_b - tau_bar)``
+  taken out of ``m_b``) and the keys lose their drift
+  (``delta -> delta - beta_K (t_i - t_j)``);
+* ``C`` (content statistics): 1 uses the bucket's own statistics; 0 holds them
+  at their context average (the query-count-weighted mean over usable buckets
+  of the drift-free mean ``m_b - beta_pos (tau_b - tau_bar) e_1`` and of
+  ``Sigma_b``).
 
 With ``Drop(P, C)`` the first-minus-last difference of the resulting profile
-(the same edge rule and averaging as ``ap_drop``), ``Drop(1, 1) = ap_drop`` and
+(the edge rule of ``ap_drop``), ``Drop(1, 1) = ap_drop`` and the 2 x 2
+factorial parts
 
-    ap_drop_bias        = Drop(1, 0) - Drop(0, 0)   the positional term alone, content held fixed
-    ap_drop_content     = Drop(0, 1)                the content statistics' change alone, no positional term
-    ap_drop_interaction = ap_drop - ap_drop_bias - ap_drop_content
+    ap_drop_baseline    = Drop(0, 0)                                 neither drift nor changing content
+    ap_drop_bias        = Drop(1, 0) - Drop(0, 0)                    the drifts alone, content held fixed
+    ap_drop_content     = Drop(0, 1) - Drop(0, 0)                    the content statistics' change alone
+    ap_drop_interaction = Drop(1, 1) - Drop(1, 0) - Drop(0, 1) + Drop(0, 0)
 
-add up to ``ap_drop`` exactly. ``ap_drop_keys = Drop(0, 0)`` is the part of
-``ap_drop_content`` that the key pairs' own semantic differences produce with the
-query content held fixed (first-region and last-region buckets draw their pairs
-from different key sets).
+add up to ``ap_drop`` exactly. The baseline is what the first and last regions
+differ by with no drift and fixed content: their key pairs are drawn from
+different key sets (the last region's from more, farther apart keys), so it is
+near 0 when the keys' residual differences do not change with distance.
+
+``ap_drop_keys`` of earlier versions (``Drop(0, 0)`` of a decomposition whose
+positional part held only the query's drift axis, so that key drift off that
+axis fell into content) has no counterpart here and is gone; the part it was
+closest to is ``ap_drop_baseline``.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import xarray as xr
 
-from qkplast._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
-from qkplast.analysis.linalg import householder_apply, householder_vector
-from qkplast.options import AnalysisOptions
+from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device,
+                            scratch, to_numpy)
+from qkplast.analysis.moments import cloud_moments
+from qkplast.analysis.plasticity import (KeyPairs, QueryModel, bytes_per_head, edge_masks, pair_kernel,  # noqa: F401
+                                         pairwise_plasticity, plasticity_layout, rotated_clouds, weighted_pair_mean)
 from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import (KeyPairs, QueryModel, bucket_layout, closed_form_kernel, edge_masks, query_model,
-                                        sample_key_pairs)
-from qkplast.analysis.moments import slope
+from qkplast.options import AnalysisOptions
 
 #: counterfactual (P, C) switches, in the order of the ``variant`` axis
 VARIANTS = ((1, 1), (1, 0), (0, 1), (0, 0))
-PARTS = ("ap_drop_bias", "ap_drop_content", "ap_drop_interaction", "ap_drop_keys")
-
-
-# --------------------------------------------------------------------------- shared fitted layout
-
-
-@dataclass
-class Fitted:
-    """Buckets and key pairs shared by all heads, as the pairwise estimator draws them."""
-
-    buckets: np.ndarray
-    tau: np.ndarray  # [bucket]
-    width: np.ndarray
-    counts: np.ndarray  # [bucket] captured queries
-    pairs: KeyPairs
-    usable: np.ndarray  # [bucket] enough queries for the statistics
-    t: torch.Tensor  # [sample]
-    onehot: torch.Tensor  # [bucket, sample]
-    tau_t: torch.Tensor  # [bucket]
-    pvalid: torch.Tensor  # [bucket, pair]
-
-
-def fitted_layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device) -> Fitted:
-    """The bucket layout and key pairs of :func:`qkplast.analysis.plasticity.plasticity` (same options, same pairs)."""
-    buckets, _, width, counts = bucket_layout(capture, opt.query_position)
-    pairs = sample_key_pairs(capture, opt)
-    usable = (counts >= opt.min_bucket_samples) & (counts > 0)
-    bucket = torch.as_tensor(capture["bucket"].values, device=dev)
-    onehot = (bucket[None, :] == torch.arange(len(buckets), device=dev)[:, None]).to(torch.float64)
-    pvalid = torch.as_tensor(pairs.valid & usable[:, None], device=dev)
-    return Fitted(buckets, pairs.tau, width, counts, pairs, usable, as_f64(capture["position"], dev), onehot,
-                  as_f64(pairs.tau, dev), pvalid)
-
-
-def rotate_and_fit(q: torch.Tensor, k: torch.Tensor, fit: Fitted, opt: AnalysisOptions):
-    """Householder basis of eq. 4.10 and the per-bucket query model (eqs. 4.11-4.12) for a chunk of heads.
-
-    ``q``, ``k`` ``[head, sample, dim]``; returns rotated queries and keys and the :class:`QueryModel`.
-    """
-    beta = slope(q, fit.t)  # [head, dim]
-    if (torch.linalg.vector_norm(beta, dim=-1) == 0).any():
-        raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
-    u = householder_vector(beta)
-    qr, kr = householder_apply(u, q), householder_apply(u, k)  # [head, sample, dim]
-    return qr, kr, query_model(qr, fit.t, fit.onehot, fit.tau_t, opt)
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
-    """Mean of ``x`` over ``dim`` where ``mask`` holds and ``x`` is not NaN; NaN where nothing is left."""
-    ok = mask & ~torch.isnan(x)
-    s = torch.where(ok, x, torch.zeros_like(x)).sum(dim)
-    c = ok.sum(dim)
-    return torch.where(c > 0, s / c.clamp_min(1), torch.full_like(s, float("nan")))
+#: the parts, in the order they are reported; they add up to ap_drop
+PARTS = ("ap_drop_baseline", "ap_drop_bias", "ap_drop_content", "ap_drop_interaction")
+MEANING = {
+    "ap_drop_baseline": "Drop(P=0,C=0): no drift of queries or keys, content statistics at their context average",
+    "ap_drop_bias": "Drop(1,0) - Drop(0,0): the mean drifts of queries and keys with position alone, content fixed",
+    "ap_drop_content": "Drop(0,1) - Drop(0,0): the change of the content statistics across buckets alone, no drift",
+    "ap_drop_interaction": "Drop(1,1) - Drop(1,0) - Drop(0,1) + Drop(0,0)",
+}
 
 
 # --------------------------------------------------------------------------- counterfactual models
 
 
-def counterfactual_model(model: QueryModel, counts: torch.Tensor, positional: bool, content: bool) -> QueryModel:
-    """The query model with the positional part switched off and/or the content statistics held fixed.
+@dataclass
+class Counterfactuals:
+    """The three counterfactual models of a chunk of heads besides the fitted one (Householder basis).
+
+    ``mean`` ``[variant, head, bucket, dim]`` for variants (1,0), (0,1), (0,0); ``cov_bucket`` is the fitted
+    ``Sigma_b`` and ``cov_average`` its context average (``[head, dim]`` diagonal or ``[head, dim, dim]``
+    full); ``key_drift`` ``[head, dim]`` is ``H beta_K``; ``dt`` ``[bucket, pair]`` the pairs' position
+    differences ``t_i - t_j``; ``weight`` ``[bucket, pair]`` the estimator's pair weights.
+    """
+
+    mean: torch.Tensor
+    cov_bucket: torch.Tensor
+    cov_average: torch.Tensor
+    full: bool
+    key_drift: torch.Tensor
+    dt: torch.Tensor
+    weight: torch.Tensor
+
+    def __call__(self, delta: torch.Tensor, sl: slice) -> torch.Tensor:
+        """Weighted mean plasticity per bucket ``[head, bucket, 3]`` of the three variants for a block of heads.
+
+        ``delta`` ``[head, bucket, pair, dim]`` holds the block's key differences (rows ``sl`` of the chunk).
+        """
+        mean, g = self.mean[:, sl], self.key_drift[sl]
+        cov_b, cov_a = self.cov_bucket[sl], self.cov_average[sl]
+        # keys without their drift: delta - (t_i - t_j) H beta_K, one pass into a scratch buffer
+        nodrift = torch.addcmul(delta, self.dt[None, :, :, None], g[:, None, None, :], value=-1.0,
+                                out=scratch("delta_no_drift", tuple(delta.shape), delta))
+        mu10 = matmul(delta, mean[0][..., None])[..., 0]  # [head, bucket, pair]
+        mu0 = matmul(nodrift, torch.stack([mean[1], mean[2]], -1))  # [head, bucket, pair, 2]: (0,1), (0,0)
+        if self.full:
+            var10 = torch.einsum("hbpd,hde,hbpe->hbp", delta, cov_a, delta)  # Lemma A.1 variance
+            var01 = torch.einsum("hbpd,hbde,hbpe->hbp", nodrift, cov_b, nodrift)
+            var00 = torch.einsum("hbpd,hde,hbpe->hbp", nodrift, cov_a, nodrift)
+        else:
+            var10 = matmul(delta * delta, cov_a[:, None, :, None].expand(-1, delta.shape[1], -1, -1))[..., 0]
+            two = torch.stack([cov_b, cov_a[:, None].expand_as(cov_b)], -1)  # [head, bucket, dim, 2]
+            var0 = matmul(nodrift.mul_(nodrift), two)  # [head, bucket, pair, 2]; nodrift is not needed after this
+            var01, var00 = var0[..., 0], var0[..., 1]
+        pp = torch.stack([pairwise_plasticity(mu10, var10), pairwise_plasticity(mu0[..., 0], var01),
+                          pairwise_plasticity(mu0[..., 1], var00)], -1)  # [head, bucket, pair, 3]
+        return weighted_pair_mean(pp.movedim(-1, 0), self.weight).movedim(0, -1)  # [head, bucket, 3]
+
+
+def counterfactuals(model: QueryModel, key_slope: torch.Tensor, lay, usable: torch.Tensor) -> Counterfactuals:
+    """The counterfactual models of :mod:`this module <qkplast.analysis.decompose>` for a chunk of heads.
 
     Parameters
     ----------
     model : QueryModel
-        Fitted model, coordinate 0 positional (Householder basis).
-    counts : Tensor ``[bucket]``
-        Queries per bucket: weights of the context average (buckets without
-        queries get weight 0).
-    positional : bool
-        False zeroes the positional coordinate's mean and variance (and, for a
-        full covariance, its covariances), so it adds nothing to the score difference.
-    content : bool
-        False replaces the semantic mean and covariance of every bucket by their
-        count-weighted average over buckets.
+        The fitted query model in the Householder basis (coordinate 1 carries the query drift).
+    key_slope : Tensor ``[head, dim]``
+        ``H beta_K``, the keys' slope over position in the same basis.
+    lay
+        The plasticity layout (:func:`qkplast.analysis.plasticity.plasticity_layout`): ``tau``, pairs,
+        positions and pair weights.
+    usable : Tensor ``[bucket]``
+        Query counts of the buckets with statistics (0 for the others): the weights of the context average.
     """
-    mean, cov = model.mean.clone(), model.cov.clone()  # [head, bucket, dim], [head, bucket, dim(, dim)]
-    if not content:
-        w = counts / counts.sum()  # [bucket]
-        ok = ~torch.isnan(mean).any(-1)  # [head, bucket]  buckets with statistics
-        wm = torch.where(ok, w, torch.zeros_like(w))
-        wm = wm / wm.sum(-1, keepdim=True)
-        avg_mean = torch.einsum("hb,hbd->hd", wm, torch.nan_to_num(mean))
-        mean[..., 1:] = avg_mean[:, None, 1:]
-        if model.full:
-            avg_cov = torch.einsum("hb,hbde->hde", wm, torch.nan_to_num(cov))
-            cov[..., 1:, 1:] = avg_cov[:, None, 1:, 1:]
-        else:
-            avg_cov = torch.einsum("hb,hbd->hd", wm, torch.nan_to_num(cov))
-            cov[..., 1:] = avg_cov[:, None, 1:]
-    if not positional:
-        mean[..., 0] = 0.0
-        if model.full:
-            cov[..., 0, :] = 0.0
-            cov[..., :, 0] = 0.0
-        else:
-            cov[..., 0] = 0.0
-    return replace(model, mean=mean, cov=cov)
+    w = usable / usable.sum()  # [bucket]
+    tau_bar = (w * lay.tau).sum()
+    drift = model.beta_pos[:, None] * (lay.tau - tau_bar)  # [head, bucket] query drift about its average level
+    mean = torch.nan_to_num(model.mean)
+    avg = torch.einsum("b,hbd->hd", w, mean)  # [head, dim] context-average mean (drift at its average level)
+    e1_drift = torch.zeros_like(mean)
+    e1_drift[..., 0] = drift
+    means = torch.stack([avg[:, None] + e1_drift,  # (1,0): the drift on the average content
+                         mean - e1_drift,  # (0,1): the bucket's own content, no drift
+                         avg[:, None].expand_as(mean)])  # (0,0)
+    cov = torch.nan_to_num(model.cov)
+    cov_avg = torch.einsum("b,hb...->h...", w, cov)
+    dt = lay.t[lay.pi] - lay.t[lay.pj]  # [bucket, pair]
+    return Counterfactuals(means, cov, cov_avg, model.full, key_slope, dt, lay.pweight)
 
 
-def counterfactual_profiles(delta: torch.Tensor, model: QueryModel, counts: torch.Tensor,
-                            pvalid: torch.Tensor) -> torch.Tensor:
-    """Closed-form plasticity per bucket under the four (P, C) models: ``[variant, head, bucket]``.
-
-    ``delta`` ``[head, bucket, pair, dim]`` key differences in the Householder basis.
-    """
-    out = []
-    for positional, content in VARIANTS:
-        pp = closed_form_kernel(delta, counterfactual_model(model, counts, bool(positional), bool(content)))
-        out.append(masked_mean(pp, pvalid, -1))  # [head, bucket]
-    return torch.stack(out)
+# --------------------------------------------------------------------------- parts
 
 
 def drop_of(ap: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
@@ -174,45 +166,71 @@ def drop_of(ap: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
 
 
 def parts_from_drops(drops: np.ndarray, ap_drop: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """The decomposition from ``Drop(P, C)`` ``[variant, ...]`` (order :data:`VARIANTS`).
+    """The four parts from ``Drop(P, C)`` ``[variant, ...]`` (order :data:`VARIANTS`).
 
-    ``ap_drop`` (default ``Drop(1, 1)``) is the total the three parts must add up to.
+    ``ap_drop`` (default ``Drop(1, 1)``) is the total the parts add up to: the interaction takes what
+    differs between it and ``Drop(1, 1)`` (rounding, when both come from the same fit).
     """
     d11, d10, d01, d00 = drops
     total = d11 if ap_drop is None else ap_drop
-    bias, content = d10 - d00, d01
-    return {"ap_drop_bias": bias, "ap_drop_content": content, "ap_drop_interaction": total - bias - content,
-            "ap_drop_keys": d00}
+    bias, content = d10 - d00, d01 - d00
+    return {"ap_drop_baseline": d00, "ap_drop_bias": bias, "ap_drop_content": content,
+            "ap_drop_interaction": total - d00 - bias - content}
 
 
-def counterfactual_ap(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.DataArray:
+def decomposition_dataset(profiles: np.ndarray, tau: np.ndarray, buckets: np.ndarray, seq_len: int,
+                          opt: AnalysisOptions, ap_drop: np.ndarray | None = None) -> xr.Dataset:
+    """The parts (dim ``head``) and ``ap_counterfactual`` (``head, query_bucket, variant``) from the four
+    counterfactual profiles ``[variant, head, bucket]`` (order :data:`VARIANTS`)."""
+    first, last = edge_masks(tau, seq_len, opt)
+    parts = parts_from_drops(drop_of(profiles, first, last), ap_drop)
+    ds = xr.Dataset({name: ("head", parts[name]) for name in PARTS})
+    for name in PARTS:
+        ds[name].attrs["meaning"] = MEANING[name]
+    ds["ap_counterfactual"] = xr.DataArray(
+        np.moveaxis(profiles, 0, -1), dims=("head", "query_bucket", "variant"),
+        coords={"variant": [f"P{p}C{c}" for p, c in VARIANTS], "query_bucket": buckets, "tau": ("query_bucket", tau)})
+    return ds
+
+
+def counterfactual_ap(capture: xr.Dataset, options: AnalysisOptions | None = None, pairs=None, **overrides) -> xr.DataArray:
     """Counterfactual closed-form profiles ``[variant, head, query_bucket]`` (see the module docstring).
 
-    ``variant`` is labelled ``"P1C1"``, ``"P1C0"``, ``"P0C1"``, ``"P0C0"``; ``P1C1`` is ``ap`` itself.
+    ``variant`` is labelled ``"P1C1"``, ``"P1C0"``, ``"P0C1"``, ``"P0C0"``; ``P1C1`` is ``ap`` itself. One
+    pass over the heads: the closed form only (no Monte Carlo, no maps), the three counterfactual variants
+    evaluated on each block of key differences while it is in cache. ``pairs`` (:class:`KeyPairs`) replace the
+    drawn ones (see :func:`qkplast.analysis.plasticity.pairs_without`).
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
-    capture = analysis_vectors(capture, opt)
+    capture = analysis_vectors(capture, opt)  # head_dims, query_scale (identity under the defaults)
     dev = resolve_device(opt.device)
-    fit = fitted_layout(capture, opt, dev)
-    counts = torch.as_tensor(np.where(fit.usable, fit.counts, 0), device=dev, dtype=torch.float64)
-    pi, pj = torch.as_tensor(fit.pairs.i, device=dev), torch.as_tensor(fit.pairs.j, device=dev)
-    dim = capture.sizes["dim"]
-    per_head = 8 * len(fit.buckets) * (opt.n_pairs * dim * 3 + (dim * dim * 2 if opt.covariance != "diagonal" else 0))
-    out = []
-    for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head, dev)):
-        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)  # [head, sample, dim]
-        _, kr, model = rotate_and_fit(q, k, fit, opt)
-        delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
-        out.append(counterfactual_profiles(delta, model, counts, fit.pvalid))
-    prof = to_numpy(torch.cat(out, 1))
+    lay = plasticity_layout(capture, opt, dev, warn=False, pairs=pairs)
+    usable = usable_counts(lay, opt, dev)
+
+    def one_chunk(sl: slice) -> torch.Tensor:
+        m = cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False)
+        rot = rotated_clouds(m, lay, opt)
+        cf = counterfactuals(rot.model, rot.key_slope, lay, usable)
+        pp, _, variants = pair_kernel(rot.qr, rot.kr, lay.pi, lay.pj, rot.model, lay.qidx, lay.qmask,
+                                      monte_carlo=False, block_hook=cf)
+        return torch.cat([weighted_pair_mean(pp, lay.pweight)[..., None], variants], -1)  # [head, bucket, 4]
+
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, False, dev), dev, SCRATCH_CPU_MB)
+    prof = np.moveaxis(to_numpy(torch.cat(map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))), -1, 0)
     return xr.DataArray(prof, dims=("variant", "head", "query_bucket"),
-                        coords={"variant": [f"P{p}C{c}" for p, c in VARIANTS], "query_bucket": fit.buckets,
-                                "tau": ("query_bucket", fit.tau)})
+                        coords={"variant": [f"P{p}C{c}" for p, c in VARIANTS], "query_bucket": lay.buckets,
+                                "tau": ("query_bucket", to_numpy(lay.tau))})
+
+
+def usable_counts(lay, opt: AnalysisOptions, dev: torch.device) -> torch.Tensor:
+    """Query counts of the buckets with statistics, 0 for the others ``[bucket]``: the context-average weights."""
+    counts = np.where((lay.counts >= opt.min_bucket_samples) & (lay.counts > 0), lay.counts, 0)
+    return torch.as_tensor(counts, device=dev, dtype=torch.float64)
 
 
 def decompose_drop(capture: xr.Dataset, options: AnalysisOptions | None = None, ap_drop: np.ndarray | None = None,
-                   **overrides) -> xr.Dataset:
-    """``ap_drop_bias``, ``ap_drop_content``, ``ap_drop_interaction`` (summing to ``ap_drop``) and ``ap_drop_keys``.
+                   pairs=None, **overrides) -> xr.Dataset:
+    """``ap_drop_baseline``, ``ap_drop_bias``, ``ap_drop_content`` and ``ap_drop_interaction``, summing to ``ap_drop``.
 
     Parameters
     ----------
@@ -226,18 +244,22 @@ def decompose_drop(capture: xr.Dataset, options: AnalysisOptions | None = None, 
     -------
     xarray.Dataset
         The four parts (dim ``head``) and ``ap_counterfactual`` (``head, query_bucket, variant``),
-        the counterfactual profiles.
+        the counterfactual profiles. :func:`qkplast.analyze` computes the same in its own pass over the heads.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
-    capture = analysis_vectors(capture, opt)
-    cf = counterfactual_ap(capture, opt)
-    first, last = edge_masks(cf.tau.values, int(capture.attrs["seq_len"]), opt)
-    drops = drop_of(cf.values, first, last)  # [variant, head]
-    parts = parts_from_drops(drops, None if ap_drop is None else np.asarray(ap_drop, float))
-    ds = xr.Dataset({name: ("head", value) for name, value in parts.items()})
-    ds["ap_counterfactual"] = cf.transpose("head", "query_bucket", "variant")
-    ds["ap_drop_bias"].attrs["meaning"] = "Drop(P=1,C=0) - Drop(P=0,C=0): positional term alone, content statistics held at their context average"
-    ds["ap_drop_content"].attrs["meaning"] = "Drop(P=0,C=1): change of the content statistics across buckets alone, no positional term"
-    ds["ap_drop_interaction"].attrs["meaning"] = "ap_drop - ap_drop_bias - ap_drop_content"
-    ds["ap_drop_keys"].attrs["meaning"] = "Drop(P=0,C=0): the key pairs' semantic differences alone (a part of ap_drop_content)"
-    return ds
+    cf = counterfactual_ap(capture, opt, pairs)
+    return decomposition_dataset(cf.values, cf.tau.values, cf.query_bucket.values, int(capture.attrs["seq_len"]),
+                                 opt, None if ap_drop is None else np.asarray(ap_drop, float))
+
+
+def model_level_parts(capture: xr.Dataset, options: AnalysisOptions | None = None, pairs=None) -> dict[str, float]:
+    """``ap_drop`` and its four parts as means over heads (NaN heads left out): the model-level quantities
+    that :mod:`qkplast.stats` puts intervals on (``pairs``: as for :func:`counterfactual_ap`)."""
+    d = decompose_drop(capture, options, pairs=pairs)
+    cf = d.ap_counterfactual.sel(variant="P1C1").values  # [head, bucket]
+    first, last = edge_masks(d.tau.values, int(capture.attrs["seq_len"]), options or AnalysisOptions())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = {"ap_drop": float(np.nanmean(drop_of(cf, first, last)))}
+        out.update({name: float(np.nanmean(d[name].values)) for name in PARTS})
+    return out

@@ -33,18 +33,20 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 import xarray as xr
 from scipy.special import gammaln
 
-from qkplast._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
-from qkplast.analysis.decompose import Fitted, fitted_layout, masked_mean, rotate_and_fit
-from qkplast.options import AnalysisOptions
+from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy)
+from qkplast.analysis.moments import cloud_moments
+from qkplast.analysis.plasticity import (PlasticityWarning, QueryModel, Rotated, bytes_per_head, pair_kernel,
+                                         plasticity_layout, rotated_clouds, weighted_pair_mean)
+from qkplast.analysis.signs import float32_products_are_exact_ieee, sign_bound
 from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, closed_form_kernel
+from qkplast.options import AnalysisOptions
 
 WHOLE = 0  # set size code of "the document's whole eligible set"
 
@@ -52,37 +54,38 @@ WHOLE = 0  # set size code of "the document's whole eligible set"
 # --------------------------------------------------------------------------- sets
 
 
-def eligible_samples(capture: xr.Dataset, fit: Fitted, opt: AnalysisOptions, qb: int) -> np.ndarray:
+def eligible_samples(capture: xr.Dataset, tau: np.ndarray, opt: AnalysisOptions, qb: int) -> np.ndarray:
     """Sample indices of the keys eligible for query bucket ``qb`` (``options.eligible_keys``)."""
     if opt.eligible_keys == "earlier_buckets":
         return np.flatnonzero(capture["bucket"].values < qb)
-    tau = fit.tau[qb]
-    return np.flatnonzero(capture["position"].values < tau) if np.isfinite(tau) else np.array([], dtype=np.int64)
+    return np.flatnonzero(capture["position"].values < tau[qb]) if np.isfinite(tau[qb]) else np.array([], dtype=np.int64)
 
 
-def _doc_codes(capture: xr.Dataset, opt: AnalysisOptions) -> np.ndarray:
-    if opt.pair_docs == "any":
+def document_codes(capture: xr.Dataset, opt: AnalysisOptions | None = None) -> np.ndarray:
+    """Document index of each sample (``np.unique`` order); all 0 with ``pair_docs="any"``."""
+    if opt is not None and opt.pair_docs == "any":
         return np.zeros(capture.sizes["sample"], dtype=np.int64)
     return np.unique(capture["doc"].values, return_inverse=True)[1]
 
 
-def draw_sets(capture: xr.Dataset, fit: Fitted, opt: AnalysisOptions, size: int, n_sets: int,
+def draw_sets(capture: xr.Dataset, lay, opt: AnalysisOptions, size: int, n_sets: int,
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Key sets per query bucket: sample indices ``[bucket, set, slot]`` and a mask of used slots.
 
+    ``lay`` is the plasticity layout (:func:`qkplast.analysis.plasticity.plasticity_layout`).
     ``size == 2`` returns the pairwise estimator's pairs; ``size == 0`` one set per
     document, its whole eligible set (padded); otherwise ``n_sets`` sets of
     ``size`` distinct keys drawn as the module docstring says. A bucket without
     an admissible set has an all-False mask.
     """
-    n_bucket = len(fit.buckets)
+    n_bucket = len(lay.buckets)
     if size == 2:
-        idx = np.stack([fit.pairs.i, fit.pairs.j], -1)  # [bucket, pair, 2]
-        return idx, np.repeat(fit.pairs.valid[..., None], 2, -1)
-    code = _doc_codes(capture, opt)
+        idx = np.stack([lay.pairs.i, lay.pairs.j], -1)  # [bucket, pair, 2]
+        return idx, np.repeat(lay.pairs.valid[..., None], 2, -1)
+    code = document_codes(capture, opt)
     per_bucket = []
     for qb in range(n_bucket):  # a loop over buckets only; sets are drawn vectorised
-        elig = eligible_samples(capture, fit, opt, qb)
+        elig = eligible_samples(capture, lay.pairs.tau, opt, qb)
         order = elig[np.argsort(code[elig], kind="stable")]
         _, start, count = np.unique(code[order], return_index=True, return_counts=True)
         per_bucket.append((order, start, count))
@@ -164,59 +167,308 @@ def model_draws(model: QueryModel, z: torch.Tensor, bucket: int) -> torch.Tensor
 
 
 def gather_sets(all_scores: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor) -> torch.Tensor:
-    """Scores ``[head, query, set, slot]`` from scores against every sample ``[head, query, sample]``; unused slots ``-inf``."""
-    pad = torch.full(all_scores.shape[:-1] + (1,), -torch.inf, dtype=all_scores.dtype, device=all_scores.device)
-    padded = torch.cat([all_scores, pad], -1)  # [head, query, sample + 1]
-    return padded[:, :, torch.where(smask, idx, all_scores.shape[-1])]
+    """Scores ``[head, query, set, slot]`` from scores against every candidate key ``[head, query, key]``; unused slots ``-inf``.
 
-
-# --------------------------------------------------------------------------- public
-
-
-def _bucket_queries(capture: xr.Dataset, n_bucket: int):
-    bucket = capture["bucket"].values
-    return [np.flatnonzero(bucket == b) for b in range(n_bucket)]
-
-
-def nearest_bucket_mass(qr: torch.Tensor, kr: torch.Tensor, model: QueryModel, fit: Fitted, capture: xr.Dataset,
-                        opt: AnalysisOptions, members: list, eligible: list) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """Softmax mass on the nearest eligible bucket's keys: positional term alone, actual scores, uniform share.
-
-    For a query of bucket b in document d, the softmax runs over d's eligible
-    keys, with scores ``/ sqrt(dim)`` as in attention. *Positional term alone*:
-    the score of key i is ``(alpha_pos + beta_pos tau_b) k_i1`` (the fitted mean
-    of the query's positional coordinate times the key's, Householder basis).
-    *Actual*: ``q^T k_i`` of the captured query. *Uniform share*: the fraction of
-    the eligible keys that lie in the nearest bucket (the mass under equal scores).
-    Returns ``[head, bucket]``, ``[head, bucket]``, ``[bucket]`` (means over the bucket's queries).
+    ``idx`` ``[set, slot]`` indexes the candidate keys (the last axis of ``all_scores``). One
+    ``index_select`` along the keys; the ``-inf`` column is appended only when some slot is unused.
     """
-    dim, dev = qr.shape[-1], qr.device
-    code = _doc_codes(capture, opt)
+    if bool(smask.all()):
+        return torch.index_select(all_scores, -1, idx.reshape(-1)).view(*all_scores.shape[:-1], *idx.shape)
+    pad = torch.full(all_scores.shape[:-1] + (1,), -torch.inf, dtype=all_scores.dtype, device=all_scores.device)
+    padded = torch.cat([all_scores, pad], -1)  # [head, query, key + 1]
+    flat = torch.where(smask, idx, all_scores.shape[-1]).reshape(-1)
+    return torch.index_select(padded, -1, flat).view(*all_scores.shape[:-1], *idx.shape)
+
+
+@dataclass
+class BucketSets:
+    """What every head shares in one query bucket: its queries, its eligible keys, and indices into those keys."""
+
+    queries: torch.Tensor  # [query] sample indices
+    keys: torch.Tensor  # [key] eligible sample indices
+    sets: list  # per set size (not 2): (idx [set, slot] into keys, mask [set, slot])
+    nearest: torch.Tensor  # [key] keys in the nearest eligible bucket
+    same: torch.Tensor  # [query, key] query and key in one document
+    has: torch.Tensor  # [query] the query's document has keys in the nearest bucket
+    query_doc: torch.Tensor  # [query] document index of each query
+    key_group: torch.Tensor  # [group, key] keys of each pairing group (documents; one group with pair_docs="any")
+    query_group: torch.Tensor  # [query] pairing group of each query
+
+
+@dataclass
+class SetLayout:
+    """The sets, queries and model draws of :func:`listwise`, shared by every head (one per capture)."""
+
+    sizes: list  # set sizes, 2 included
+    n_sets: np.ndarray  # [bucket, size] sets with two keys or more
+    buckets: list  # BucketSets or None (no statistics or no keys) per bucket
+    z: torch.Tensor  # [draw, dim] standard normals of the model draws, common to heads and buckets
+    share: np.ndarray  # [bucket] equal-score mass on the nearest bucket
+    share_doc: np.ndarray  # [bucket, doc]
+    n_doc: int
+
+
+def set_layout(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, warn: bool = True) -> SetLayout:
+    """Draw the key sets of every size and bucket and index them into each bucket's eligible keys."""
+    rng = np.random.default_rng(opt.seed)
+    sizes = list(opt.set_sizes)
+    drawn = {m: draw_sets(capture, lay, opt, m, opt.n_sets, rng) for m in sizes}
+    if warn:
+        for m, (_, mask) in drawn.items():
+            if not mask.any():
+                warnings.warn(f"set size {m}: no query bucket has a document with {m} eligible keys "
+                              f"(pair_docs={opt.pair_docs!r}); ap_set is NaN there", PlasticityWarning, stacklevel=3)
+    usable = (lay.counts >= opt.min_bucket_samples) & (lay.counts > 0)
+    code = document_codes(capture, opt)
+    doc_of = document_codes(capture)  # the true documents, for the per-document nearest mass
+    n_doc = int(doc_of.max()) + 1
     sample_bucket = capture["bucket"].values
-    n_head, n_bucket = qr.shape[0], len(fit.buckets)
-    pos_mass = torch.full((n_head, n_bucket), float("nan"), dtype=torch.float64, device=dev)
-    act_mass = pos_mass.clone()
-    share = np.full(n_bucket, np.nan)
+    n_bucket = len(lay.buckets)
+    share, share_doc = np.full(n_bucket, np.nan), np.full((n_bucket, n_doc), np.nan)
+    out = []
     for b in range(n_bucket):  # buckets only
-        keys, qs = eligible[b], members[b]
-        if keys.size == 0 or qs.size == 0 or not fit.usable[b]:
+        keys = eligible_samples(capture, lay.pairs.tau, opt, b)
+        qs = np.flatnonzero(sample_bucket == b)
+        if keys.size == 0 or qs.size == 0 or not usable[b]:
+            out.append(None)
             continue
-        nearest = torch.as_tensor(sample_bucket[keys] == sample_bucket[keys].max(), device=dev)  # [key]
-        same = torch.as_tensor(code[qs][:, None] == code[keys][None, :], device=dev)  # [query, key]
-        has = (same & nearest[None]).any(1)  # queries whose document has keys in the nearest bucket
-        if not bool(has.any()):
+        local = np.full(capture.sizes["sample"], -1, dtype=np.int64)
+        local[keys] = np.arange(keys.size)
+        sets = []
+        for m in sizes:
+            if m == 2:
+                continue
+            idx, mask = drawn[m]
+            keep = mask[b].sum(-1) >= 2  # sets with at least two keys
+            sets.append((torch.as_tensor(np.where(mask[b][keep], local[idx[b][keep]], 0), device=dev),
+                         torch.as_tensor(mask[b][keep], device=dev)))
+        nearest = sample_bucket[keys] == sample_bucket[keys].max()
+        same = code[qs][:, None] == code[keys][None, :]
+        has = (same & nearest[None]).any(1)
+        sh = (same & nearest[None]).sum(1) / np.maximum(same.sum(1), 1)
+        if has.any():
+            share[b] = sh[has].mean()
+            for d in np.unique(doc_of[qs][has]):
+                share_doc[b, d] = sh[has & (doc_of[qs] == d)].mean()
+        groups, query_group = np.unique(code[qs], return_inverse=True)
+        key_group = code[keys][None, :] == groups[:, None]  # [group, key]
+        out.append(BucketSets(*(torch.as_tensor(x, device=dev) for x in (qs, keys)), sets,
+                              *(torch.as_tensor(x, device=dev) for x in (nearest, same, has, doc_of[qs], key_group,
+                                                                          query_group))))
+    n_sets = np.stack([(drawn[m][1].sum(-1) >= 2).sum(-1) for m in sizes], -1) * usable[:, None]  # [bucket, size]
+    gen = torch.Generator().manual_seed(opt.seed)
+    z = torch.randn(opt.n_model_queries, capture.sizes["dim"], generator=gen, dtype=torch.float64).to(dev)
+    return SetLayout(sizes, n_sets.astype(np.int64), out, z, share, share_doc, n_doc)
+
+
+@dataclass
+class ListwiseChunk:
+    """What :func:`listwise_kernel` returns for a chunk of heads."""
+
+    ap_set: torch.Tensor  # [head, bucket, size] (size 2 left NaN: it is the pairwise ap)
+    ap_set_mc: torch.Tensor
+    near_pos: torch.Tensor  # [head, bucket]
+    near_act: torch.Tensor
+    near_pos_doc: torch.Tensor  # [head, bucket, doc]
+    near_act_doc: torch.Tensor
+
+
+def _doc_means(x: torch.Tensor, ok: torch.Tensor, doc: torch.Tensor, n_doc: int) -> torch.Tensor:
+    """Means of ``x`` ``[head, query]`` over the queries of each document where ``ok`` ``[query]``: ``[head, doc]``."""
+    onehot = ((doc[:, None] == torch.arange(n_doc, device=x.device)[None]) & ok[:, None]).to(x.dtype)  # [query, doc]
+    n = onehot.sum(0)
+    return torch.where(n > 0, (x @ onehot) / n.clamp_min(1), torch.full_like(n, float("nan")).expand(x.shape[0], -1))
+
+
+def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor,
+                                exact, n_head: int, unbiased: bool) -> torch.Tensor:
+    """:func:`winner_plasticity` of each set from float32 scores whose winners a rounding bound certifies.
+
+    Parameters
+    ----------
+    scores32 : Tensor ``[key, head * query]``
+        float32 scores of the bucket's queries against its candidate keys, keys first (a set's scores are
+        then whole rows, gathered as contiguous copies).
+    bound : Tensor ``[head * query]``
+        Each float32 score of that query is within ``bound`` of the exact one
+        (:func:`qkplast.analysis.signs.sign_bound` times ``||q|| max ||k||``).
+    idx, smask : Tensor ``[set, slot]``
+        The sets, as indices into the candidate keys, and their used slots.
+    exact : callable
+        ``exact(head, query, keys)`` the float64 scores ``[n, slot]`` of the given rows (``keys`` ``[n, slot]``).
+
+    Returns
+    -------
+    Tensor ``[head, set]``: the values :func:`winner_plasticity` gives on the float64 scores. A winner is
+    certain when no other key of its set scores within ``2 bound`` of it in float32; the other rows
+    (near-ties) are scored again in float64, and tied maxima there split the win as in
+    :func:`winner_plasticity`.
+    """
+    n_set, n_slot = idx.shape
+    n = scores32.shape[1] // n_head
+    if n_set == 1 and n_slot == scores32.shape[0] and bool(smask.all()) and bool((idx[0] == torch.arange(
+            n_slot, device=idx.device)).all()):
+        g = scores32  # one set of every candidate key in order (the whole set with pair_docs="any"): no copy
+    elif bool(smask.all()):
+        g = torch.index_select(scores32, 0, idx.reshape(-1))
+    else:  # unused slots point at a row of -inf
+        padded = torch.cat([scores32, torch.full_like(scores32[:1], -torch.inf)])
+        g = torch.index_select(padded, 0, torch.where(smask, idx, scores32.shape[0]).reshape(-1))
+    g = g.view(n_set, n_slot, -1)  # [set, slot, head * query]
+    # the keys within 2 bound of the top score: one key means a certain winner, which is then that key (a
+    # reduction over the slots as a product, faster here than max with indices over a middle axis)
+    close = (g >= (g.amax(1) - 2 * bound)[:, None]).to(torch.float32)  # [set, slot, head * query]
+    # one product gives both the number of close keys and, where it is one, the winner's slot
+    count_arg = torch.matmul(torch.stack([torch.ones(n_slot, device=g.device),
+                                          torch.arange(n_slot, dtype=torch.float32, device=g.device)]), close)
+    sure = count_arg[:, 0] == 1  # [set, head * query]
+    arg = count_arg[:, 1].round_().long().masked_fill_(~sure, 0)  # an uncertain row is counted below instead
+    counts = torch.zeros(n_set, n_slot, n_head, dtype=torch.float64, device=g.device)
+    counts.view(n_set, -1).scatter_add_(1, _winner_slots(arg, n_head, n), sure.to(torch.float64))
+    if not bool(sure.all()):
+        ss, hq = (~sure).nonzero(as_tuple=True)
+        hh, qq = hq // n, hq % n
+        e = exact(hh, qq, idx[ss]).masked_fill(~smask[ss], -torch.inf)  # [n_unsure, slot]
+        tie = (e == e.amax(-1, keepdim=True)).to(torch.float64)
+        counts.index_put_((ss[:, None].expand_as(tie), torch.arange(n_slot, device=g.device)[None].expand_as(tie),
+                           hh[:, None].expand_as(tie)),
+                          tie / tie.sum(-1, keepdim=True), accumulate=True)
+    p = counts / n  # [set, slot, head]
+    gini = 1 - (p * p).sum(1)  # [set, head]
+    if unbiased:
+        gini = gini * n / max(n - 1, 1)
+    m = smask.sum(-1).to(torch.float64)[:, None]  # [set, 1]
+    ap = (gini / (1 - 1 / m.clamp_min(2))).T  # [head, set]
+    bad = (m.T < 2) | (n < 2)
+    return torch.where(bad, torch.full_like(ap, float("nan")), ap)
+
+
+def _winner_slots(arg: torch.Tensor, n_head: int, n: int) -> torch.Tensor:
+    """Winning slot of each (set, head, query) as an index into a ``[set, slot, head]`` count array: the flat
+    position ``slot * n_head + head`` of ``counts.view(set, -1)``."""
+    head = torch.arange(n_head, device=arg.device).repeat_interleave(n)  # [head * query]
+    return arg * n_head + head  # [set, head * query]
+
+
+def float32_scores(rows: torch.Tensor, keys: torch.Tensor, keys32: torch.Tensor | None = None,
+                   key_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 scores ``[key, head * row]`` (keys first) of float64 ``rows`` ``[head, row, dim]`` against ``keys``
+    ``[head, key, dim]`` and the rounding bound ``[head * row]`` of each row's scores (module
+    :mod:`qkplast.analysis.signs`); an infinite bound (every winner scored again) where float32 could
+    overflow or torch runs float32 products in a lower precision. ``keys32`` and ``key_norm`` (the keys'
+    float32 copy and largest norm per head) may be passed when several row sets meet the same keys."""
+    dim = rows.shape[-1]
+    key_norm = torch.linalg.vector_norm(keys, dim=-1).amax(-1, keepdim=True) if key_norm is None else key_norm
+    scale = torch.linalg.vector_norm(rows, dim=-1) * key_norm
+    bound = sign_bound(dim) * scale + dim * torch.finfo(torch.float32).tiny  # [head, row]
+    if not (float32_products_are_exact_ieee(rows.device) and bool((scale < 2.0**100).all())):
+        bound = torch.full_like(bound, torch.inf)
+    keys32 = keys.to(torch.float32) if keys32 is None else keys32
+    s = torch.bmm(keys32, rows.to(torch.float32).transpose(1, 2))  # [head, key, row]
+    return s.transpose(0, 1).reshape(keys.shape[1], -1), bound.reshape(-1)
+
+
+def listwise_kernel(rot: Rotated, sets: SetLayout, opt: AnalysisOptions) -> ListwiseChunk:
+    """Listwise plasticity (sizes other than 2) and the nearest-bucket softmax mass of a chunk of heads.
+
+    Each bucket's scores are formed once, ``[head, query, key]`` for the captured queries and for the model
+    draws against the bucket's eligible keys, and every set size and the nearest-bucket mass read them.
+    The products run in float32: winners are certified by a rounding bound and near-ties scored again in
+    float64 (:func:`certified_winner_plasticity`), so the listwise values are those of float64 scores; the
+    softmax weights take the float32 scores, each within ``bound`` of the exact one, so a weight's
+    logarithm is within ``2 bound / sqrt(dim)`` of the exact one (of order 1e-5 here, far below the
+    sampling error of a mass). Keys are centred, which shifts each query's scores by one constant: winners
+    and softmax weights do not change. Softmax scores carry the attention scale ``1/sqrt(dim)``; the
+    positional term alone is the same for every query of a bucket, so its softmax is taken once per
+    pairing group (document).
+    """
+    qr, kr, model = rot.qr, rot.kr, rot.model
+    h, dim, dev = qr.shape[0], qr.shape[-1], qr.device
+    n_bucket, n_size = len(sets.buckets), len(sets.sizes)
+    nan = lambda *shape: torch.full((h, *shape), float("nan"), dtype=torch.float64, device=dev)  # noqa: E731
+    ap, ap_mc = nan(n_bucket, n_size), nan(n_bucket, n_size)
+    near_pos, near_act = nan(n_bucket), nan(n_bucket)
+    near_pos_doc, near_act_doc = nan(n_bucket, sets.n_doc), nan(n_bucket, sets.n_doc)
+    cols = [c for c, m in enumerate(sets.sizes) if m != 2]
+    scale = 1 / math.sqrt(dim)
+    for b, bs in enumerate(sets.buckets):  # buckets only; heads, queries, keys and sets are vectorised
+        if bs is None:
             continue
-        k_t = kr[:, keys]  # [head, key, dim]
-        q1 = model.mean[:, b, 0]  # [head]
-        s_pos = (q1[:, None] * k_t[..., 0] / math.sqrt(dim))[:, None, :].expand(-1, len(qs), -1)  # [head, query, key]
-        s_act = torch.einsum("hnd,hkd->hnk", qr[:, qs], k_t) / math.sqrt(dim)
-        for s, dst in ((s_pos, pos_mass), (s_act, act_mass)):
-            w = torch.softmax(torch.where(same[None], s, torch.tensor(-torch.inf, dtype=s.dtype, device=dev)), -1)
-            mass = (w * nearest[None, None]).sum(-1)  # [head, query]
-            dst[:, b] = masked_mean(mass, has[None].expand_as(mass), -1)
-        sh = (same & nearest[None]).sum(1) / same.sum(1).clamp_min(1)
-        share[b] = float(sh[has].double().mean())
-    return pos_mass, act_mass, share
+        k_t = kr[:, bs.keys]  # [head, key, dim]
+        q_t = qr[:, bs.queries]  # [head, query, dim]
+        k32, k_norm = k_t.to(torch.float32), torch.linalg.vector_norm(k_t, dim=-1).amax(-1, keepdim=True)
+        s_cap, b_cap = float32_scores(q_t, k_t, k32, k_norm)  # [key, head * query], [head * query]
+        if cols:
+            draws = model_draws(model, sets.z, b)  # [head, draw, dim]
+            s_mod, b_mod = float32_scores(draws, k_t, k32, k_norm)
+            exact_cap = lambda hh, qq, kk: (q_t[hh, qq][:, None] * k_t[hh[:, None], kk]).sum(-1)  # noqa: E731
+            exact_mod = lambda hh, qq, kk: (draws[hh, qq][:, None] * k_t[hh[:, None], kk]).sum(-1)  # noqa: E731
+            for c, (idx, smask) in zip(cols, bs.sets):
+                if idx.shape[0] == 0:
+                    continue
+                ap_mc[:, b, c] = torch.nanmean(certified_winner_plasticity(s_cap, b_cap, idx, smask, exact_cap, h,
+                                                                           opt.mc_unbiased), -1)
+                ap[:, b, c] = torch.nanmean(certified_winner_plasticity(s_mod, b_mod, idx, smask, exact_mod, h, True), -1)
+        if not bool(bs.has.any()):
+            continue
+        block = torch.tensor(-torch.inf, dtype=torch.float64, device=dev)
+        nearest = bs.nearest.to(torch.float64)
+        # the positional term alone is the bucket's fitted mean of coordinate 1 times the key's: one softmax per group
+        s_pos = (model.mean[:, b, 0, None] * k_t[..., 0] * scale)[:, None, :]  # [head, 1, key]
+        w_pos = torch.softmax(torch.where(bs.key_group[None], s_pos, block), -1)  # [head, group, key]
+        mass_pos = (w_pos @ nearest)[:, bs.query_group]  # [head, query]
+        # the softmax of the float32 scores in float32 (its own rounding, about 1e-7 relative, is far below the
+        # scores' bound), the masses summed in float64
+        scores = s_cap.view(-1, h, bs.queries.numel()).permute(1, 2, 0)  # [head, query, key]
+        w = torch.softmax(scores.mul(scale).masked_fill_(~bs.same[None], -torch.inf), -1)  # [head, query, key]
+        mass_act = (w @ bs.nearest.to(torch.float32)).to(torch.float64)  # [head, query]
+        for mass, dst, dst_doc in ((mass_pos, near_pos, near_pos_doc), (mass_act, near_act, near_act_doc)):
+            dst[:, b] = masked_set_mean(mass, bs.has)
+            dst_doc[:, b] = _doc_means(mass, bs.has, bs.query_doc, sets.n_doc)
+    return ListwiseChunk(ap, ap_mc, near_pos, near_act, near_pos_doc, near_act_doc)
+
+
+def masked_set_mean(x: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    """Mean over the last axis of ``x`` ``[head, n]`` where ``ok`` ``[n]`` holds and ``x`` is not NaN; NaN where none."""
+    good = ok[None] & ~torch.isnan(x)
+    c = good.sum(-1)
+    s = torch.where(good, x, torch.zeros_like(x)).sum(-1)
+    return torch.where(c > 0, s / c.clamp_min(1), torch.full_like(s, float("nan")))
+
+
+def listwise_dataset(chunks: list[ListwiseChunk], sets: SetLayout, buckets: np.ndarray, doc_ids: np.ndarray,
+                     ap: np.ndarray, ap_mc: np.ndarray, n_model_queries: int) -> xr.Dataset:
+    """The Dataset of :func:`listwise` from consecutive chunks of heads; ``ap``/``ap_mc`` ``[head, bucket]`` are
+    the pairwise values, which the set size 2 holds (it is the same estimator on the same pairs)."""
+    cat = lambda name: to_numpy(torch.cat([getattr(c, name) for c in chunks]))  # noqa: E731
+    ap_set, ap_set_mc = cat("ap_set"), cat("ap_set_mc")
+    for c, m in enumerate(sets.sizes):
+        if m == 2:
+            ap_set[..., c], ap_set_mc[..., c] = ap, ap_mc
+    dims = ("head", "query_bucket", "set_size")
+    ds = xr.Dataset(
+        {
+            "ap_set": (dims, ap_set),
+            "ap_set_mc": (dims, ap_set_mc),
+            "nearest_mass_position": (("head", "query_bucket"), cat("near_pos")),
+            "nearest_mass": (("head", "query_bucket"), cat("near_act")),
+            "nearest_mass_position_doc": (("head", "query_bucket", "document"), cat("near_pos_doc")),
+            "nearest_mass_doc": (("head", "query_bucket", "document"), cat("near_act_doc")),
+            "nearest_share_doc": (("query_bucket", "document"), sets.share_doc),
+        },
+        coords={"query_bucket": buckets, "set_size": np.asarray(sets.sizes, dtype=np.int64),
+                "n_sets": (("query_bucket", "set_size"), sets.n_sets),
+                "nearest_share": ("query_bucket", sets.share), "document": np.asarray(doc_ids).astype(str)},
+    )
+    ds["ap_set"].attrs["meaning"] = ("listwise plasticity (1 - sum_i P_i^2) / (1 - 1/m) of the winner distribution under the "
+                                     "fitted Gaussian model: closed form (eq. 4.14) at m = 2, model draws otherwise; set_size 0 = whole eligible set")
+    ds["ap_set_mc"].attrs["meaning"] = "listwise plasticity from the bucket's captured queries (unbiased n/(n-1)), same sets"
+    ds["nearest_mass_position"].attrs["meaning"] = "softmax mass on the nearest eligible bucket from the positional term alone"
+    ds["nearest_mass"].attrs["meaning"] = "softmax mass on the nearest eligible bucket from the captured queries' full scores"
+    ds["nearest_mass_doc"].attrs["meaning"] = "nearest_mass over the queries of each document (the unit of its intervals)"
+    ds["nearest_mass_position_doc"].attrs["meaning"] = "nearest_mass_position over the queries of each document"
+    ds.attrs["n_model_queries"] = n_model_queries
+    return ds
 
 
 def listwise(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
@@ -227,82 +479,26 @@ def listwise(capture: xr.Dataset, options: AnalysisOptions | None = None, **over
     xarray.Dataset
         ``ap_set`` (fitted Gaussian model), ``ap_set_mc`` (captured queries),
         ``n_sets`` (query_bucket, set_size); ``nearest_mass_position``,
-        ``nearest_mass`` (head, query_bucket) and ``nearest_share`` (query_bucket),
-        see :func:`nearest_bucket_mass`. Set sizes come from
-        ``options.set_sizes`` (0: the whole eligible set of a document).
+        ``nearest_mass`` (head, query_bucket) and ``nearest_share`` (query_bucket), and the same per document
+        (``..._doc``, dim ``document``), see :func:`listwise_kernel`. Set sizes come from
+        ``options.set_sizes`` (0: the whole eligible set of a document). :func:`qkplast.analyze` computes
+        the same in its own pass over the heads.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
-    capture = analysis_vectors(capture, opt)
+    capture = analysis_vectors(capture, opt)  # head_dims, query_scale (identity under the defaults)
     dev = resolve_device(opt.device)
-    fit = fitted_layout(capture, opt, dev)
-    rng = np.random.default_rng(opt.seed)
-    sizes = list(opt.set_sizes)
-    sets = [draw_sets(capture, fit, opt, m, opt.n_sets, rng) for m in sizes]
-    n_bucket, dim = len(fit.buckets), capture.sizes["dim"]
-    for m, (_, mask) in zip(sizes, sets):
-        if not mask.any():
-            warnings.warn(f"set size {m}: no query bucket has a document with {m} eligible keys "
-                          f"(pair_docs={opt.pair_docs!r}); ap_set is NaN there", PlasticityWarning, stacklevel=2)
-    members = _bucket_queries(capture, n_bucket)
-    eligible = [eligible_samples(capture, fit, opt, b) for b in range(n_bucket)]
-    gen = torch.Generator().manual_seed(opt.seed)
-    z = torch.randn(opt.n_model_queries, dim, generator=gen, dtype=torch.float64).to(dev)  # [draw, dim]
-    n_q = max(int(fit.counts.max()), opt.n_model_queries)
-    per_head = 8 * max(n_q * max(s[0].shape[1] * s[0].shape[2] for s in sets), n_q * capture.sizes["sample"]) * 4
-    # the set-score temporaries are short-lived and few per call: a 256 MB budget (16x auto_chunk's) keeps the
-    # Python loop over buckets and sizes from running once per head (measured 26 s -> see README for the figure)
-    ap, ap_mc, near_pos, near_act = [], [], [], []
-    for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head / 16, dev)):
-        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)  # [head, sample, dim]
-        qr, kr, model = rotate_and_fit(q, k, fit, opt)
-        h = qr.shape[0]
-        g = torch.full((h, n_bucket, len(sizes)), float("nan"), dtype=torch.float64, device=dev)
-        e = g.clone()
-        usable = torch.as_tensor(fit.usable, device=dev)
-        for c, (m, (idx_np, mask_np)) in enumerate(zip(sizes, sets)):
-            if m == 2:  # the Gaussian closed form exists: eq. 4.14 on the same pairs
-                idx, set_ok = torch.as_tensor(idx_np, device=dev), torch.as_tensor(mask_np.all(-1), device=dev)
-                delta = kr[:, idx[..., 0]] - kr[:, idx[..., 1]]  # [head, bucket, pair, dim]
-                g[:, :, c] = masked_mean(closed_form_kernel(delta, model), set_ok[None] & usable[None, :, None], -1)
-        for b in range(n_bucket):  # buckets only; heads, queries and sets are vectorised
-            if not fit.usable[b]:
-                continue
-            s_cap = torch.einsum("hnd,hsd->hns", qr[:, torch.as_tensor(members[b], device=dev)], kr)  # [head, query, sample]
-            s_mod = torch.einsum("hnd,hsd->hns", model_draws(model, z, b), kr)  # [head, draw, sample]
-            for c, (m, (idx_np, mask_np)) in enumerate(zip(sizes, sets)):
-                smask = torch.as_tensor(mask_np[b], device=dev)
-                set_ok = smask.sum(-1) >= 2  # [set]
-                if not bool(set_ok.any()):
-                    continue
-                idx = torch.as_tensor(idx_np[b], device=dev)
-                pp = winner_plasticity(gather_sets(s_cap, idx, smask), smask, opt.mc_unbiased)
-                e[:, b, c] = masked_mean(pp, set_ok[None].expand_as(pp), -1)
-                if m != 2:
-                    pp = winner_plasticity(gather_sets(s_mod, idx, smask), smask, True)
-                    g[:, b, c] = masked_mean(pp, set_ok[None].expand_as(pp), -1)
-        ap.append(g), ap_mc.append(e)
-        pm, am, share = nearest_bucket_mass(qr, kr, model, fit, capture, opt, members, eligible)
-        near_pos.append(pm), near_act.append(am)
-    n_sets = np.stack([(mask.sum(-1) >= 2).sum(-1) for _, mask in sets], -1) * fit.usable[:, None]  # [bucket, size]
-    dims = ("head", "query_bucket", "set_size")
-    ds = xr.Dataset(
-        {
-            "ap_set": (dims, to_numpy(torch.cat(ap))),
-            "ap_set_mc": (dims, to_numpy(torch.cat(ap_mc))),
-            "nearest_mass_position": (("head", "query_bucket"), to_numpy(torch.cat(near_pos))),
-            "nearest_mass": (("head", "query_bucket"), to_numpy(torch.cat(near_act))),
-        },
-        coords={"query_bucket": fit.buckets, "set_size": np.asarray(sizes, dtype=np.int64),
-                "n_sets": (("query_bucket", "set_size"), n_sets.astype(np.int64)),
-                "nearest_share": ("query_bucket", share)},
-    )
-    ds["ap_set"].attrs["meaning"] = ("listwise plasticity (1 - sum_i P_i^2) / (1 - 1/m) of the winner distribution under the "
-                                     "fitted Gaussian model: closed form (eq. 4.14) at m = 2, model draws otherwise; set_size 0 = whole eligible set")
-    ds["ap_set_mc"].attrs["meaning"] = "listwise plasticity from the bucket's captured queries (unbiased n/(n-1)), same sets"
-    ds["nearest_mass_position"].attrs["meaning"] = "softmax mass on the nearest eligible bucket from the positional term alone"
-    ds["nearest_mass"].attrs["meaning"] = "softmax mass on the nearest eligible bucket from the captured queries' full scores"
-    ds.attrs["n_model_queries"] = opt.n_model_queries
-    return ds
+    lay = plasticity_layout(capture, opt, dev, warn=False)
+    sets = set_layout(capture, lay, opt, dev)
+
+    def one_chunk(sl: slice):
+        rot = rotated_clouds(cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt)
+        pp, pp_mc = pair_kernel(rot.qr, rot.kr, lay.pi, lay.pj, rot.model, lay.qidx, lay.qmask, opt.mc_unbiased)
+        return weighted_pair_mean(pp, lay.pweight), weighted_pair_mean(pp_mc, lay.pweight), listwise_kernel(rot, sets, opt)
+
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, SCRATCH_CPU_MB)
+    ap, ap_mc, chunks = zip(*map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))
+    return listwise_dataset(list(chunks), sets, lay.buckets, np.unique(capture["doc"].values),
+                            to_numpy(torch.cat(ap)), to_numpy(torch.cat(ap_mc)), opt.n_model_queries)
 
 
 # --------------------------------------------------------------------------- across heads
@@ -324,16 +520,22 @@ def head_level(metrics: xr.Dataset, variable: str = "ap_set") -> xr.DataArray:
         return metrics[variable].mean("query_bucket", skipna=True)
 
 
-def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set", n_boot: int = 2000,
-                               n_perm: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
-    """Rank correlation across heads of pairwise AP (m = 2) with listwise AP at ``set_size``.
+def listwise_means(lw: xr.Dataset) -> dict:
+    """Per set size: the mean over heads of each head's mean ``ap_set``/``ap_set_mc`` over buckets, and the Spearman
+    correlation across heads of pairwise (m = 2) with listwise AP on the buckets where the listwise value exists."""
+    out = {}
+    for m in lw.set_size.values:
+        for name in ("ap_set", "ap_set_mc"):
+            out[(int(m), name)] = float(np.nanmean(head_level(lw, name).sel(set_size=m).values))
+        if int(m) != 2:
+            x, y = _pairwise_and_listwise(lw, int(m))
+            out[(int(m), "rho")] = float(_spearman_rows(x[None], y[None])[0]) if len(x) >= 3 else np.nan
+    return out
 
-    Both are per-head means over the query buckets where the listwise value is
-    defined (so the two average the same buckets). Returns ``rho``, the
-    percentile interval of a bootstrap over heads (``lo``, ``hi``), the
-    two-sided permutation p-value of rho = 0 (head labels of one side shuffled)
-    and ``n_heads``. Vectorised over replicates.
-    """
+
+def _pairwise_and_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set"):
+    """Per-head pairwise (m = 2) and listwise (``set_size``) values, each the mean over the query buckets where the
+    listwise value exists (so the two average the same buckets); heads with either missing left out."""
     sub = metrics[variable]
     both = sub.sel(set_size=set_size).notnull() & sub.sel(set_size=2).notnull()
     with warnings.catch_warnings():
@@ -341,40 +543,24 @@ def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str
         x = sub.sel(set_size=2).where(both).mean("query_bucket", skipna=True).values
         y = sub.sel(set_size=set_size).where(both).mean("query_bucket", skipna=True).values
     ok = ~np.isnan(x) & ~np.isnan(y)
-    x, y = x[ok], y[ok]
+    return x[ok], y[ok]
+
+
+def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set", n_perm: int = 2000,
+                               seed: int = 0) -> dict:
+    """Rank correlation across heads of pairwise AP (m = 2) with listwise AP at ``set_size``, and the two-sided
+    permutation p-value of no association (head labels of one side shuffled).
+
+    Both are per-head means over the query buckets where the listwise value is defined (so the two average
+    the same buckets). The interval of ``rho`` is over documents
+    (:func:`qkplast.results.tables.listwise_document_intervals`), not over heads. Vectorised over permutations.
+    """
+    x, y = _pairwise_and_listwise(metrics, set_size, variable)
     if len(x) < 3:
         raise ValueError(f"set size {set_size}: fewer than 3 heads with both pairwise and listwise values")
     rng = np.random.default_rng(seed)
     rho = float(_spearman_rows(x[None], y[None])[0])
-    idx = rng.integers(0, len(x), (n_boot, len(x)))
-    reps = _spearman_rows(x[idx], y[idx])
     perm = np.argsort(rng.random((n_perm, len(x))), axis=1)
     null = _spearman_rows(np.broadcast_to(x, perm.shape), y[perm])
-    a = (1 - level) / 2
-    lo, hi = np.nanquantile(reps, [a, 1 - a])
-    return {"set_size": set_size, "rho": rho, "lo": float(lo), "hi": float(hi),
-            "p_perm": float((1 + np.sum(np.abs(null) >= abs(rho))) / (1 + n_perm)), "n_heads": int(len(x))}
-
-
-def mean_over_heads(values: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """Mean over heads (axis 0, NaN left out) with a percentile bootstrap interval over heads."""
-    v = np.asarray(values, float)
-    v = v[~np.isnan(v)]
-    if v.size == 0:
-        return np.nan, np.nan, np.nan
-    reps = v[np.random.default_rng(seed).integers(0, v.size, (n_boot, v.size))].mean(1)
-    a = (1 - level) / 2
-    return float(v.mean()), float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))
-
-
-def listwise_summary(metrics: xr.Dataset, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per set size: mean over heads of the per-head mean ``ap_set`` and ``ap_set_mc``, with head-bootstrap intervals."""
-    rows = []
-    for m in metrics.set_size.values:
-        row = {"set size": "whole set" if m == 0 else int(m),
-               "buckets with sets": int((metrics.n_sets.sel(set_size=m) > 0).sum())}
-        for name, label in (("ap_set", "model"), ("ap_set_mc", "captured")):
-            est, lo, hi = mean_over_heads(head_level(metrics, name).sel(set_size=m).values, n_boot, seed=seed)
-            row[f"{label}"], row[f"{label} 95% CI"] = round(est, 3), f"[{lo:.3f}, {hi:.3f}]"
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("set size")
+    return {"set_size": set_size, "rho": rho, "p_perm": float((1 + np.sum(np.abs(null) >= abs(rho))) / (1 + n_perm)),
+            "n_heads": int(len(x))}

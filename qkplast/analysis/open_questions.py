@@ -1,19 +1,64 @@
-"""The per-head metrics of the chapter "Beyond the thesis: open questions", added to :func:`qkplast.analyze`."""
+"""The per-head metrics of the chapter "Beyond the thesis: open questions", computed in the thesis's own pass.
+
+:func:`qkplast.analyze` reads each chunk of heads once (:func:`qkplast.analysis.metrics.thesis_metrics`):
+the moments, the Householder basis, the query model and the key pairs' differences of the thesis's
+plasticity are what the listwise plasticity (:mod:`qkplast.analysis.listwise`) and the AP_drop
+decomposition (:mod:`qkplast.analysis.decompose`) need as well, so they run on them inside the same pass
+instead of recomputing them. This module holds the glue: the per-capture layouts and the datasets.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+import torch
 import xarray as xr
 
-from qkplast.analysis.decompose import decompose_drop
-from qkplast.analysis.listwise import listwise
+from qkplast._torch import to_numpy
+from qkplast.analysis.decompose import Counterfactuals, counterfactuals, decomposition_dataset, usable_counts
+from qkplast.analysis.listwise import ListwiseChunk, SetLayout, listwise_dataset, listwise_kernel, set_layout
+from qkplast.analysis.plasticity import Rotated
 from qkplast.options import AnalysisOptions
 
 
-def open_questions(capture: xr.Dataset, options: AnalysisOptions, metrics: xr.Dataset) -> xr.Dataset:
-    """Listwise plasticity (:mod:`qkplast.analysis.listwise`) and the AP_drop decomposition (:mod:`qkplast.analysis.decompose`).
+@dataclass
+class OpenLayout:
+    """What the open-questions metrics of every head share: the key sets and the context-average weights."""
 
-    ``metrics`` must hold ``ap_drop`` (the plasticity part of ``analyze``): the
-    decomposition's three parts add up to exactly that total.
+    sets: SetLayout
+    usable: torch.Tensor  # [bucket]
+
+
+def open_layout(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device) -> OpenLayout:
+    """The shared layouts, drawn once per capture (the sets with the analysis seed, as :func:`listwise` draws them)."""
+    return OpenLayout(set_layout(capture, lay, opt, dev), usable_counts(lay, opt, dev))
+
+
+def decomposition_hook(rot: Rotated, lay, layout: OpenLayout) -> Counterfactuals:
+    """The block hook of :func:`qkplast.analysis.plasticity.pair_kernel` that evaluates the counterfactual models."""
+    return counterfactuals(rot.model, rot.key_slope, lay, layout.usable)
+
+
+def listwise_chunk(rot: Rotated, layout: OpenLayout, opt: AnalysisOptions) -> ListwiseChunk:
+    return listwise_kernel(rot, layout.sets, opt)
+
+
+def open_questions_dataset(plasticity: xr.Dataset, variants: np.ndarray, listwise_chunks: list, layout: OpenLayout,
+                           capture: xr.Dataset, opt: AnalysisOptions) -> xr.Dataset:
+    """Listwise plasticity and the AP_drop decomposition from the chunks of the shared pass.
+
+    ``plasticity`` is the thesis's plasticity Dataset (its ``ap``, ``ap_mc`` and ``ap_drop``: the set size 2
+    and the decomposition's total); ``variants`` ``[head, bucket, 3]`` the counterfactual profiles.
     """
-    parts = [listwise(capture, options), decompose_drop(capture, options, ap_drop=metrics["ap_drop"].values)]
-    return xr.merge(parts, compat="no_conflicts", combine_attrs="drop")
+    profiles = np.concatenate([plasticity["ap"].values[None], np.moveaxis(variants, -1, 0)])  # [variant, head, bucket]
+    parts = decomposition_dataset(profiles, plasticity.tau.values, plasticity.query_bucket.values,
+                                  int(capture.attrs["seq_len"]), opt, plasticity["ap_drop"].values)
+    lw = listwise_dataset(listwise_chunks, layout.sets, plasticity.query_bucket.values, np.unique(capture["doc"].values),
+                          plasticity["ap"].values, plasticity["ap_mc"].values, opt.n_model_queries)
+    return xr.merge([lw, parts], compat="no_conflicts", combine_attrs="drop")
+
+
+def concat(chunks, name: str) -> np.ndarray:
+    """One attribute of consecutive chunks, concatenated over heads."""
+    return to_numpy(torch.cat([getattr(c, name) for c in chunks]))

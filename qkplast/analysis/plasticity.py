@@ -139,6 +139,19 @@ def sample_key_pairs(capture: xr.Dataset, options: AnalysisOptions) -> KeyPairs:
     return KeyPairs(out_i, out_j, valid, tau, n_adm)
 
 
+def pairs_without(pairs: KeyPairs, keep: np.ndarray) -> KeyPairs:
+    """The pairs of a capture restricted to the samples ``keep`` (a boolean mask), indexed into the kept samples.
+
+    A pair that loses a key is padding (``valid`` False); the order of the rest is unchanged. With ``keep``
+    the samples of all documents but one, these are the left-out capture's share of the full capture's pairs,
+    so a jackknife over documents does not redraw the pairs (their draw would add its own noise to every
+    leave-one-out value).
+    """
+    new = np.cumsum(keep) - 1  # [sample] index among the kept samples
+    ok = pairs.valid & keep[pairs.i] & keep[pairs.j]
+    return KeyPairs(np.where(ok, new[pairs.i], 0), np.where(ok, new[pairs.j], 0), ok, pairs.tau, pairs.n_admissible)
+
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -370,24 +383,42 @@ def _from_sign_sums(signs: torch.Tensor, qmask: torch.Tensor, unbiased: bool) ->
 
 
 def pair_kernel(qr: torch.Tensor, kr: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor, model: QueryModel,
-                qidx: torch.Tensor, qmask: torch.Tensor, unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Closed-form and Monte Carlo pairwise plasticity ``[head, bucket, pair]`` of a diagonal query model.
+                qidx: torch.Tensor, qmask: torch.Tensor, unbiased: bool = True, *, monte_carlo: bool = True,
+                block_hook=None):
+    """Closed-form and Monte Carlo pairwise plasticity ``[head, bucket, pair]`` of a query model.
 
     The values of :func:`closed_form_kernel` and :func:`monte_carlo_kernel` on
     the key differences ``delta = kr[:, pi] - kr[:, pj]`` (the closed form to
     rounding, the Monte Carlo signs as the float64 product gives them), with
     ``mu`` (eq. 4.11) as one matrix-vector product, ``v`` (eq. 4.12) as one
-    weighted sum of squares (:func:`weighted_square_sums`), and the Monte
-    Carlo signs from a float32 product certified by a rounding bound
-    (:func:`qkplast.analysis.signs.sign_sums`).
+    weighted sum of squares (:func:`weighted_square_sums`; Lemma A.1's
+    quadratic form for a full covariance), and the Monte Carlo signs from a
+    float32 product certified by a rounding bound
+    (:func:`qkplast.analysis.signs.sign_sums`). The differences are formed per
+    block of heads small enough to stay in cache, and every pass over them
+    happens while the block is there.
+
+    Parameters
+    ----------
+    monte_carlo : bool
+        Compute the Monte Carlo values (else that output is None).
+    block_hook : callable, optional
+        ``block_hook(delta, sl)`` is called on each block's differences (rows ``sl`` of the chunk) and its
+        results, concatenated over blocks, are returned third: how the AP_drop decomposition
+        (:mod:`qkplast.analysis.decompose`) reuses the differences instead of forming them again.
+
+    Returns
+    -------
+    ``(pp, pp_mc)``, or ``(pp, pp_mc, hooked)`` when ``block_hook`` is given.
     """
-    if model.full:
-        raise ValueError("pair_kernel needs a diagonal query model; closed_form_kernel handles the full covariance")
     blocks = list(head_chunks(qr.shape[0], pair_block_heads(pi.numel(), qr.shape[-1], qr.device)))
-    moments, signs = zip(*(_pair_block(qr[sl], kr[sl], pi, pj, model.mean[sl], model.cov[sl], qidx, qmask)
-                           for sl in blocks))
+    moments, signs, hooked = zip(*(_pair_block(qr[sl], kr[sl], pi, pj, model.mean[sl], model.cov[sl], model.full,
+                                               qidx, qmask, monte_carlo, block_hook, sl) for sl in blocks))
     mu, var = (torch.cat(x) for x in zip(*moments))  # [head, bucket, pair]
-    return pairwise_plasticity(mu, var), _from_sign_sums(torch.cat(signs), qmask, unbiased)
+    pp_mc = _from_sign_sums(torch.cat(signs), qmask, unbiased) if monte_carlo else None
+    if block_hook is None:
+        return pairwise_plasticity(mu, var), pp_mc
+    return pairwise_plasticity(mu, var), pp_mc, torch.cat(hooked)
 
 
 #: bytes of one block's pair differences in :func:`pair_kernel` on the CPU: small enough that the passes over them
@@ -401,12 +432,18 @@ def pair_block_heads(n_pairs: int, dim: int, device: torch.device) -> int:
     return 0 if device.type != "cpu" else max(1, PAIR_BLOCK_CPU_BYTES // (8 * n_pairs * dim))
 
 
-def _pair_block(qr, kr, pi, pj, mean, cov, qidx, qmask):
-    """``(mu, v)`` and the Monte Carlo sign sums ``[head, bucket, pair]`` of a block of heads (:func:`pair_kernel`)."""
+def _pair_block(qr, kr, pi, pj, mean, cov, full, qidx, qmask, monte_carlo, hook, sl):
+    """``(mu, v)``, the Monte Carlo sign sums and the hook's result ``[head, bucket, pair]`` of a block of heads
+    (:func:`pair_kernel`)."""
     delta = pair_differences(kr, pi, pj)  # [head, bucket, pair, dim]
     mu = matmul(delta, mean[..., None])[..., 0]  # [head, bucket, pair], eq. 4.11
-    var = weighted_square_sums(delta, cov)  # [head, bucket, pair], eq. 4.12
-    return (mu, var), sign_sums(delta, qr, qidx, qmask)
+    if full:
+        var = torch.einsum("hbpd,hbde,hbpe->hbp", delta, cov, delta)  # Lemma A.1 variance
+    else:
+        var = weighted_square_sums(delta, cov)  # [head, bucket, pair], eq. 4.12
+    signs = sign_sums(delta, qr, qidx, qmask) if monte_carlo else None
+    hooked = hook(delta, sl) if hook is not None else None
+    return (mu, var), signs, hooked
 
 
 def closed_form(q, k, t, onehot, tau, pi, pj, options: AnalysisOptions):
@@ -501,11 +538,11 @@ def bytes_per_head(lay: "_Layout", dim: int, opt: AnalysisOptions, monte_carlo: 
     unless :func:`pair_kernel` works through them in blocks of its own, the pairs' gathered keys (and the Monte
     Carlo scores)."""
     clouds = 8 * lay.t.numel() * dim * 6
-    if monte_carlo and opt.covariance == "diagonal" and pair_block_heads(lay.pi.numel(), dim, device):
-        return clouds
     n_bucket, n_pairs, n_max = len(lay.buckets), lay.pi.shape[1], lay.qidx.shape[1]
-    per = 8 * n_bucket * n_pairs * (3 * dim + (n_max if monte_carlo else 0))
-    return clouds + per + (8 * n_bucket * dim * dim if opt.covariance != "diagonal" else 0)
+    cov = 8 * n_bucket * dim * dim * 3 if opt.covariance != "diagonal" else 0  # the model's and two counterfactuals'
+    if pair_block_heads(lay.pi.numel(), dim, device):  # pair_kernel works through its own small blocks
+        return clouds + cov
+    return clouds + cov + 8 * n_bucket * n_pairs * (3 * dim + (n_max if monte_carlo else 0))
 
 
 def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.ndarray, "_Layout"]:
@@ -559,10 +596,16 @@ def pair_weights(pairs: KeyPairs, position: np.ndarray, rule: str) -> np.ndarray
     return np.where(pairs.valid & np.isfinite(w) & (w > 0), w, 0.0)
 
 
-def plasticity_layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool) -> _Layout:
-    """Buckets, key pairs, query lists, pair weights and map cells of a capture: what every head shares."""
+def plasticity_layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool,
+                      pairs: KeyPairs | None = None) -> _Layout:
+    """Buckets, key pairs, query lists, pair weights and map cells of a capture: what every head shares.
+
+    ``pairs`` (default: drawn by :func:`sample_key_pairs`) are given when an analysis must use pairs drawn
+    once for a larger capture (a jackknife over documents keeps each left-out capture's share of them,
+    :func:`pairs_without`).
+    """
     buckets, _, width, counts = bucket_layout(capture, opt.query_position)
-    pairs = sample_key_pairs(capture, opt)
+    pairs = sample_key_pairs(capture, opt) if pairs is None else pairs
     few = (counts < opt.min_bucket_samples) | (counts == 0)
     no_pairs = ~pairs.valid.any(1)
     if warn and few.any():
@@ -622,15 +665,29 @@ class PlasticityChunk:
     map_count: torch.Tensor  # [head, cell] pairs per cell with a defined value
     fit: torch.Tensor  # [head, 3] alpha_pos, beta_pos, sigma2_pos
     n_bad_var: int  # valid (head, pair) combinations with zero score variance
+    extra: torch.Tensor | None = None  # what a block hook of pair_kernel returned (the AP_drop decomposition's)
 
 
-def plasticity_kernel(m: CloudMoments, lay: _Layout, opt: AnalysisOptions) -> PlasticityChunk:
-    """Closed-form and Monte Carlo plasticity of a chunk of heads (eqs. 4.10-4.14), from its centred clouds.
+@dataclass
+class Rotated:
+    """A chunk of heads in the Householder basis of its query drift (eq. 4.10), with its query model.
 
-    The Householder reflection of the query drift ``m.beta_q`` turns both
-    clouds; the keys stay centred (only their differences are used), the
-    queries get their mean back (the Monte Carlo scores need it).
+    ``qr`` (queries with their mean) and ``kr`` (centred keys) ``[head, sample, dim]`` live in per-thread
+    scratch buffers: valid until the same thread's next call. ``key_slope`` ``[head, dim]`` is ``H beta_K``,
+    the keys' slope over position in the same basis.
     """
+
+    u: torch.Tensor
+    qr: torch.Tensor
+    kr: torch.Tensor
+    model: QueryModel
+    key_slope: torch.Tensor
+
+
+def rotated_clouds(m: CloudMoments, lay: _Layout, opt: AnalysisOptions) -> Rotated:
+    """Turn a chunk's centred clouds into the Householder basis of the query drift ``m.beta_q`` (eq. 4.10)
+    and fit the query model there (eqs. 4.11-4.12); the keys stay centred (only their differences are used),
+    the queries get their mean back (the Monte Carlo scores need it)."""
     if (torch.linalg.vector_norm(m.beta_q, dim=-1) == 0).any():
         raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
     u = householder_vector(m.beta_q)  # eq. 4.10
@@ -638,20 +695,28 @@ def plasticity_kernel(m: CloudMoments, lay: _Layout, opt: AnalysisOptions) -> Pl
     qr = householder_apply(u, qr, out=qr)  # [head, sample, dim]
     model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
     kr = householder_apply(u, m.centred_k, out=scratch("rotated_k", tuple(m.centred_k.shape), m.centred_k))
-    if model.full:
-        # the Monte Carlo signs need every pair's difference vector; once it exists, eqs. 4.11-4.14 on it are
-        # cheaper than the delta-free pair_closed_form
-        delta = pair_differences(kr, lay.pi, lay.pj)  # [head, bucket, pair, dim]
-        pp = closed_form_kernel(delta, model)
-        pp_mc = monte_carlo_kernel(qr, delta, lay.qidx, lay.qmask, opt.mc_unbiased)
-    else:
-        pp, pp_mc = pair_kernel(qr, kr, lay.pi, lay.pj, model, lay.qidx, lay.qmask, opt.mc_unbiased)
+    key_slope = householder_apply(u, (m.cross_k / m.stt)[:, None, :])[:, 0]  # [head, dim]
+    return Rotated(u, qr, kr, model, key_slope)
+
+
+def plasticity_kernel(m: CloudMoments, lay: _Layout, opt: AnalysisOptions, rotated: Rotated | None = None,
+                      block_hook=None) -> PlasticityChunk:
+    """Closed-form and Monte Carlo plasticity of a chunk of heads (eqs. 4.10-4.14), from its centred clouds.
+
+    ``rotated`` (from :func:`rotated_clouds`) is computed here when not given; ``block_hook`` is handed to
+    :func:`pair_kernel` and its per-bucket result kept in the chunk's ``extra``.
+    """
+    rot = rotated or rotated_clouds(m, lay, opt)
+    out = pair_kernel(rot.qr, rot.kr, lay.pi, lay.pj, rot.model, lay.qidx, lay.qmask, opt.mc_unbiased,
+                      block_hook=block_hook)
+    pp, pp_mc = out[:2]
     map_sum, map_count = _map_sums(pp, lay)
+    model = rot.model
     return PlasticityChunk(
         ap=weighted_pair_mean(pp, lay.pweight), ap_mc=weighted_pair_mean(pp_mc, lay.pweight),
         ap_mc_se=weighted_pair_se(pp_mc, lay.pweight), map_sum=map_sum, map_mc_sum=_map_sums(pp_mc, lay)[0],
         map_count=map_count, fit=torch.stack([model.alpha_pos, model.beta_pos, model.sigma2_pos], -1),
-        n_bad_var=int((torch.isnan(pp) & lay.pvalid).sum()),
+        n_bad_var=int((torch.isnan(pp) & lay.pvalid).sum()), extra=out[2] if block_hook is not None else None,
     )
 
 
@@ -814,3 +879,26 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
     )
     out.attrs["options"] = opt.to_dict()
     return out
+
+
+def effective_pairs(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
+    """Kish's effective number of key pairs, ``(sum w)^2 / sum w^2``, per query bucket and per edge region.
+
+    With ``pair_weight="prefix"`` (Definition 4.3's weighting) a few pairs of early keys carry most of the
+    weight, so a bucket's average rests on far fewer pairs than it draws; with uniform weights the effective
+    number is the number of pairs. Returns ``n_pairs`` and ``n_effective`` (dim ``query_bucket``) and
+    ``first20``/``last20`` (the effective pairs of the regions ``ap_first20``/``ap_last20`` average, summed
+    over their buckets) in the attrs.
+    """
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
+    lay = plasticity_layout(capture, opt, torch.device("cpu"), warn=False)
+    w = to_numpy(lay.pweight)  # [bucket, pair]
+    s1, s2 = w.sum(-1), (w * w).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n_eff = np.where(s2 > 0, s1 * s1 / s2, 0.0)
+    first, last = edge_masks(lay.pairs.tau, int(capture.attrs["seq_len"]), opt)
+    ok = ~np.isnan(n_eff)
+    return xr.Dataset({"n_pairs": ("query_bucket", (w > 0).sum(-1)), "n_effective": ("query_bucket", n_eff)},
+                      coords={"query_bucket": lay.buckets},
+                      attrs={"pair_weight": opt.pair_weight, "first20": float(n_eff[first & ok].sum()),
+                             "last20": float(n_eff[last & ok].sum())})

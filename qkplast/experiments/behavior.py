@@ -5,6 +5,12 @@ behaviour that depends on distance, measured on the same model and corpus, so
 that an intervention (:mod:`qkplast.experiments.intervene`) can be scored by how far the
 information it needs lies.
 
+``copy_cells``
+    The design of the interventions chapter: copies at set second-copy
+    positions *and* set distances (:class:`CopyDesign`), so that distance can
+    be varied with the second copy's absolute position held fixed, and the
+    reverse; one window per document (:func:`document_windows`), the
+    independent unit.
 ``copy_by_distance``
     A random segment of ``seg_len`` token ids is planted into a real corpus
     window and planted again ``distance`` tokens later; the model reads the
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,6 +48,9 @@ from qkplast.capture.plan import LOGITS_CHUNK_BYTES, logits_chunk_rows
 
 __all__ = [
     "BehaviorError",
+    "CopyDesign",
+    "copy_cells",
+    "document_windows",
     "plant_segments",
     "copy_by_distance",
     "loss_by_position",
@@ -370,4 +380,151 @@ def passkey_by_depth(
         coords={"window": np.arange(len(base)), "depth": depths},
         attrs={"seq_len": seq_len, "digits": digits, "seed": seed, "needle": PASSKEY_NEEDLE,
                "question": PASSKEY_QUESTION},
+    )
+
+
+# --------------------------------------------------------------------------- copying at set positions and distances
+
+
+@dataclass(frozen=True)
+class CopyDesign:
+    """Where the two copies of each planted segment sit: every (second-copy position, distance) cell.
+
+    The second copy starts at one of ``positions`` and the first copy ``distance`` tokens earlier, for every
+    combination; so the effect of distance can be read with the second copy's absolute position held fixed,
+    and the effect of position with the distance held fixed. A forward pass cannot hold two second copies
+    at one position, so the cells are spread over ``len(distances)`` sequences per window in a Latin
+    arrangement (sequence ``s`` pairs position ``i`` with distance ``(i + s) mod n``); sequence 0 holds one
+    cell per position, the cells a cheaper measurement (the null head sets of the interventions) reads.
+
+    Attributes
+    ----------
+    window : int
+        Tokens per window (one window per document).
+    seg_len : int
+        Tokens per copy; tokens 2..``seg_len`` of the second copy are scored.
+    positions, distances : tuple of int
+        Start of the second copy, and offsets from the first copy's start to it; at most as many positions
+        as distances.
+    """
+
+    window: int = 512
+    seg_len: int = 16
+    positions: tuple = (288, 480)
+    distances: tuple = (32, 256)
+
+    def __post_init__(self):
+        object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+        object.__setattr__(self, "distances", tuple(int(d) for d in self.distances))
+        self.check()
+
+    def sequences(self) -> list[list[tuple[int, int]]]:
+        """The (position, distance) cells of each sequence."""
+        n = len(self.distances)
+        return [[(p, self.distances[(i + s) % n]) for i, p in enumerate(self.positions)] for s in range(n)]
+
+    @property
+    def cells(self) -> list[tuple[int, int]]:
+        return [(p, d) for p in self.positions for d in self.distances]
+
+    def check(self) -> None:
+        """Every copy inside the window (the first from token 1 on), no two copies of a sequence overlapping."""
+        if self.seg_len < 2:
+            raise BehaviorError(f"seg_len must be at least 2 (the first token of a repeat is not scored), got {self.seg_len}")
+        if not self.positions or len(set(self.positions)) != len(self.positions) or len(set(self.distances)) != len(self.distances):
+            raise BehaviorError(f"positions and distances must be non-empty lists of distinct integers, got "
+                                f"{list(self.positions)} and {list(self.distances)}")
+        if len(self.positions) > len(self.distances):
+            raise BehaviorError(f"{len(self.positions)} positions need at least as many distances, got "
+                                f"{len(self.distances)}: add distances or drop positions")
+        for seq in self.sequences():
+            spans = sorted(s for p, d in seq for s in (p - d, p))
+            if spans[0] < 1 or max(p for p, _ in seq) + self.seg_len > self.window:
+                raise BehaviorError(f"the cells {seq} put a copy outside tokens 1..{self.window - 1} of a "
+                                    f"{self.window}-token window; use later positions, shorter distances or a longer window")
+            if any(b - a < self.seg_len for a, b in zip(spans, spans[1:])):
+                raise BehaviorError(f"the cells {seq} overlap (copies of {self.seg_len} tokens at {spans}); spread the "
+                                    "positions or distances further apart")
+
+
+def document_windows(corpus, tokenizer, length: int, n: int, *, skip: int = 0) -> tuple[list[np.ndarray], list[str]]:
+    """One window of ``length`` tokens per document: windows ``skip .. skip + n - 1`` of the corpus's documents
+    long enough for one (``short_docs="skip"``, so a window never mixes documents), and their ids.
+
+    The documents a capture with ``short_docs="skip"`` and ``docs=skip`` reads are exactly the ones skipped,
+    so the behaviour can be measured on documents the geometry was not.
+    """
+    got = list(itertools.islice(iter_windows(corpus, tokenizer, length, short_docs="skip"), skip, skip + n))
+    if len(got) < n:
+        raise BehaviorError(f"the corpus has {len(got) + skip} documents of at least {length} tokens; {skip} are "
+                            f"set aside and {n} were asked for the behaviour: ask for fewer windows or a shorter window")
+    return [np.asarray(w.input_ids, dtype=np.int64) for w in got], [w.doc_id for w in got]
+
+
+def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesign, seed: int = 0, *,
+               sequences: Sequence[int] | None = None, batch_size: int = 1) -> xr.Dataset:
+    """NLL and accuracy of the repeated segment in every cell of ``design``, per window.
+
+    Each sequence of the design plants its segments (random token ids, distinct across the sequence's
+    pairs, drawn with ``default_rng([seed, window, sequence])``, so every condition of an experiment sees
+    the same windows and segments) and is scored in one forward pass: tokens 2..``seg_len`` of each second
+    copy, mean NLL (nats per token) and top-1 accuracy.
+
+    Parameters
+    ----------
+    sequences : sequence of int, optional
+        The design's sequences to run (default all); cells of the others are NaN.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``nll``, ``acc`` with dims ``window, position, distance``.
+    """
+    design.check()
+    for w in windows:
+        if len(w) < design.window:
+            raise BehaviorError(f"a window has {len(w)} tokens, the design needs {design.window}")
+    plan = design.sequences()
+    run = list(range(len(plan))) if sequences is None else [int(s) for s in sequences]
+    vocab = int(model.config.get_text_config().vocab_size)
+    candidates = _candidate_tokens(tokenizer, vocab)
+    n_pairs = max(len(seq) for seq in plan)
+    if len(candidates) < n_pairs * design.seg_len:
+        raise BehaviorError(f"{len(candidates)} candidate tokens cannot fill {n_pairs} segments of {design.seg_len}")
+    shape = (len(windows), len(design.positions), len(design.distances))
+    nll, acc = np.full(shape, np.nan), np.full(shape, np.nan)
+    jobs = []  # (window, sequence, ids, second-copy starts)
+    offsets = np.arange(design.seg_len)
+    for w, base in enumerate(windows):
+        for s in run:
+            rng = np.random.default_rng([seed, w, s])
+            ids = np.array(base[: design.window], dtype=np.int64, copy=True)
+            segs = rng.choice(candidates, size=(len(plan[s]), design.seg_len), replace=False)  # [pair, seg]
+            for (p, d), seg in zip(plan[s], segs):
+                ids[p - d + offsets], ids[p + offsets] = seg, seg
+            jobs.append((w, s, ids))
+    dev = _device(model)
+    scored = np.arange(1, design.seg_len)
+    pi = {p: i for i, p in enumerate(design.positions)}
+    di = {d: i for i, d in enumerate(design.distances)}
+    for start in range(0, len(jobs), batch_size):
+        chunk = jobs[start: start + batch_size]
+        ids = torch.as_tensor(np.stack([j[2] for j in chunk]), device=dev)  # [batch, seq]
+        pos = torch.as_tensor(np.stack([(np.array([p for p, _ in plan[j[1]]])[:, None] + scored).ravel()
+                                        for j in chunk]), device=dev)  # [batch, pair * (seg - 1)]
+        tok_nll, tok_hit = token_scores(model, ids, pos)
+        for b, (w, s, _) in enumerate(chunk):
+            per = tok_nll[b].reshape(len(plan[s]), -1).mean(-1).cpu().numpy()
+            hit = tok_hit[b].reshape(len(plan[s]), -1).double().mean(-1).cpu().numpy()
+            for (p, d), v, a in zip(plan[s], per, hit):
+                nll[w, pi[p], di[d]], acc[w, pi[p], di[d]] = v, a
+    dims = ("window", "position", "distance")
+    return xr.Dataset(
+        {"nll": (dims, nll), "acc": (dims, acc)},
+        coords={"window": np.arange(len(windows)), "position": list(design.positions),
+                "distance": list(design.distances)},
+        attrs={"window_tokens": design.window, "seg_len": design.seg_len, "seed": seed, "scored_tokens": design.seg_len - 1,
+               "sequences": run,
+               "method": "random segments planted twice at set second-copy positions and distances; tokens "
+                         "2..seg_len of each second copy scored (mean NLL in nats per token, top-1 accuracy)"},
     )

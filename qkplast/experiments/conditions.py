@@ -1,4 +1,4 @@
-"""What drives content decay (thesis 7.6): captures under controlled conditions and a bootstrap table.
+"""What drives content decay (thesis 7.6): captures under controlled conditions, intervals and a null.
 
 The thesis names three candidate mechanisms for the AP_drop left after bias
 collapse (RoPE rotation accumulation, attention-sink competition,
@@ -13,12 +13,15 @@ Each condition here is a capture of the same documents, decomposed with
 ``bos``              a BOS token in front of each window
 ``mid_document``     windows cut ``offset`` tokens into each document (no document start)
 ``mask_first_k``     the first k keys masked in every attention call (:func:`first_keys_masked`)
-``baseline_reseeded`` the baseline with other sampled positions: the null (no intervention)
+``all_positions``    the baseline at every position: the source of the null
 
-Intervals come from a bootstrap over documents that reuses each condition's
-fitted query model and reweights the documents of its key pairs (see
-:func:`bootstrap_parts`); conditions share their documents, so differences to
-the baseline are paired (the same document weights in both).
+Intervals: every condition's difference to the baseline is paired by document (the conditions share
+their documents), and its interval is the bias-corrected jackknife-t over documents with both captures
+re-analysed whole with each document left out (:func:`condition_table`), the inference policy's interval. The null: what the decomposition's parts do with no intervention at all. The baseline with
+other sampled positions is cut, for many seeds, from the capture of the baseline at every position
+(:func:`reseeded_captures`: exactly the captures a new seed would take, one forward pass for all of
+them); each condition's difference is ranked among the reseeded differences (:func:`read_conditions`),
+with Holm's correction across the conditions.
 """
 
 from __future__ import annotations
@@ -36,13 +39,9 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from qkplast._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
-from qkplast.analysis.decompose import PARTS, VARIANTS, counterfactual_model, drop_of, fitted_layout, rotate_and_fit
-from qkplast.analysis.plasticity import edge_masks
+from qkplast.analysis.decompose import PARTS
 from qkplast.capture.hooks import attention_transform
 from qkplast.options import AnalysisOptions, CaptureOptions
-from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import closed_form_kernel
 
 QUANTITIES = ("ap_drop",) + PARTS
 
@@ -146,14 +145,13 @@ def _documents(tokens: dict, tokenizer, start: int, prefix: str = ""):
 
 
 def condition_grid(seq_len: int, rope_factors, window_lengths, sinks, mask_k: int, offset: int) -> dict[str, dict]:
-    """Condition name -> its settings (``seq_len``, ``rope``, ``start``, ``bos``, ``mask_k``, ``seed_shift``).
+    """Condition name -> its settings (``seq_len``, ``rope``, ``start``, ``bos``, ``mask_k``, ``all_positions``).
 
-    ``baseline_reseeded`` repeats the baseline with other sampled positions
-    (seed + 1): no intervention, so its difference to the baseline is the null
-    against which the interventions' differences are read.
+    ``all_positions`` is the baseline captured at every position of every bucket, from which
+    :func:`reseeded_captures` cuts the baseline as any other seed would sample it: the null.
     """
-    base = {"seq_len": seq_len, "rope": 1.0, "start": 0, "bos": False, "mask_k": 0, "seed_shift": 0}
-    grid = {"baseline": base, "baseline_reseeded": {**base, "seed_shift": 1}}
+    base = {"seq_len": seq_len, "rope": 1.0, "start": 0, "bos": False, "mask_k": 0, "all_positions": False}
+    grid = {"baseline": base, "all_positions": {**base, "all_positions": True}}
     for f in rope_factors:
         grid[f"rope_x{f:g}"] = {**base, "rope": float(f)}
     for L in window_lengths:
@@ -243,9 +241,10 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
                     stack.enter_context(rope_base_scaled(loaded.model, spec["rope"]))
                 if spec["mask_k"]:
                     stack.enter_context(first_keys_masked(loaded.model, spec["mask_k"]))
-                options = replace(run, seq_len=spec["seq_len"], bucket_size=spec["seq_len"] // 16,
-                                  samples_per_bucket=samples_per_bucket, heads=heads, seed=seed + spec["seed_shift"],
-                                  docs=docs, short_docs="skip", min_per_bucket=0)
+                bucket = spec["seq_len"] // 16
+                options = replace(run, seq_len=spec["seq_len"], bucket_size=bucket,
+                                  samples_per_bucket=float(bucket) if spec["all_positions"] else samples_per_bucket,
+                                  heads=heads, seed=seed, docs=docs, short_docs="skip", min_per_bucket=0)
                 cap = capture_into(loaded.model, loaded.tokenizer, documents, None, options, progress=progress,
                                    model_info=loaded.info)
             if spec["mask_k"]:  # masked keys cannot win: they leave the analysis as keys (and as queries)
@@ -269,7 +268,7 @@ def _cut_from(reuse: xr.Dataset | None, spec: dict, settings: dict, tokens: dict
     """
     from qkplast.capture.sampling import chosen_heads
 
-    if reuse is None or spec["rope"] != 1.0 or spec["start"] or spec["bos"] or spec["mask_k"]:
+    if reuse is None or spec["rope"] != 1.0 or spec["start"] or spec["bos"] or spec["mask_k"] or spec["all_positions"]:
         return None
     a = reuse.attrs
     same = (a.get("model") == settings["model"] and a.get("corpus") == settings["corpus"]
@@ -278,7 +277,7 @@ def _cut_from(reuse: xr.Dataset | None, spec: dict, settings: dict, tokens: dict
             and str(a.get("dtype")) == str(settings["dtype"]) and int(a["seq_len"]) == spec["seq_len"]
             and int(a["bucket_size"]) == spec["seq_len"] // 16
             and float(a["samples_per_bucket"]) == float(settings["samples_per_bucket"])
-            and int(a["seed"]) == settings["seed"] + spec["seed_shift"]
+            and int(a["seed"]) == settings["seed"]
             and int(a.get("heads_eligible", -1)) == reuse.sizes["head"])
     if not same:
         return None
@@ -296,131 +295,141 @@ def _cut_from(reuse: xr.Dataset | None, spec: dict, settings: dict, tokens: dict
     return cut
 
 
-# --------------------------------------------------------------------------- decomposition by document
+# --------------------------------------------------------------------------- decomposition, intervals, null
 
 
-def document_sums(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides):
-    """Counterfactual pair sums by document: ``sums`` ``[variant, head, bucket, doc]``, ``counts`` likewise.
+def reseeded_captures(all_positions: xr.Dataset, baseline: xr.Dataset, seeds) -> list[xr.Dataset]:
+    """The baseline as captures with other position seeds, cut from the capture at every position.
 
-    ``sums / counts`` summed over documents gives the profiles of
-    :func:`qkplast.analysis.decompose.counterfactual_ap` exactly (the same pairs, the
-    same fitted model); keeping documents apart lets a bootstrap reweight them.
-    Returns ``(sums, counts, doc_ids, tau)``.
+    A capture keeps each token with probability ``samples_per_bucket / bucket_size``, seeded by the seed
+    and the document id (:func:`qkplast.capture.sampling.sample_positions`), and the vectors at a position
+    do not depend on which others are kept; so cutting the every-position capture at the positions seed
+    ``s`` samples gives the capture with seed ``s``, heads and documents unchanged (the tests check the
+    baseline's own seed gives the baseline).
     """
-    opt = AnalysisOptions.from_kwargs(options, **overrides)
-    capture = analysis_vectors(capture, opt)
-    dev = resolve_device(opt.device)
-    fit = fitted_layout(capture, opt, dev)
-    doc_ids, code = np.unique(capture["doc"].values, return_inverse=True)
-    pair_doc = torch.as_tensor(code[fit.pairs.i], device=dev)  # [bucket, pair]
-    onehot = (pair_doc[..., None] == torch.arange(len(doc_ids), device=dev)).to(torch.float64)  # [bucket, pair, doc]
-    counts_b = torch.as_tensor(np.where(fit.usable, fit.counts, 0), device=dev, dtype=torch.float64)
-    pi, pj = torch.as_tensor(fit.pairs.i, device=dev), torch.as_tensor(fit.pairs.j, device=dev)
-    dim = capture.sizes["dim"]
-    per_head = 8 * len(fit.buckets) * opt.n_pairs * dim * 3
-    sums, counts = [], []
-    for sl in head_chunks(capture.sizes["head"], opt.head_chunk or auto_chunk(per_head, dev)):
-        q, k = as_f64(capture["q"].values[sl], dev), as_f64(capture["k"].values[sl], dev)  # [head, sample, dim]
-        _, kr, model = rotate_and_fit(q, k, fit, opt)
-        delta = kr[:, pi] - kr[:, pj]  # [head, bucket, pair, dim]
-        s_v, c_v = [], []
-        for positional, content in VARIANTS:
-            pp = closed_form_kernel(delta, counterfactual_model(model, counts_b, bool(positional), bool(content)))
-            ok = (fit.pvalid[None] & ~torch.isnan(pp)).to(torch.float64)  # [head, bucket, pair]
-            s_v.append(torch.einsum("hbp,bpd->hbd", torch.nan_to_num(pp) * ok, onehot))
-            c_v.append(torch.einsum("hbp,bpd->hbd", ok, onehot))
-        sums.append(torch.stack(s_v)), counts.append(torch.stack(c_v))
-    return to_numpy(torch.cat(sums, 1)), to_numpy(torch.cat(counts, 1)), doc_ids, fit.tau
+    from qkplast.capture.sampling import sample_positions
+
+    a = baseline.attrs
+    seq_len, bucket = int(a["seq_len"]), int(a["bucket_size"])
+    pos, doc = all_positions.position.values, all_positions.doc.values
+    out = []
+    for s in seeds:
+        keep = np.zeros(all_positions.sizes["sample"], dtype=bool)
+        for d in np.unique(doc):
+            chosen = sample_positions(seq_len, bucket, doc_id=str(d), seed=int(s),
+                                      samples_per_bucket=float(a["samples_per_bucket"]), min_per_bucket=0)
+            keep |= (doc == d) & np.isin(pos, chosen)
+        cut = all_positions.isel(sample=np.flatnonzero(keep))
+        cut.attrs = dict(a, seed=int(s), reseeded_from="all_positions")
+        out.append(cut)
+    return out
 
 
-def parts_from_weights(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray, first, last) -> np.ndarray:
-    """Model-level means over heads of ``ap_drop`` and its parts for document weights ``[rep, doc]``: ``[rep, quantity]``."""
-    s = np.einsum("rd,vhbd->rvhb", weights, sums)
-    c = np.einsum("rd,vhbd->rvhb", weights, counts)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ap = np.where(c > 0, s / np.where(c > 0, c, 1), np.nan)  # [rep, variant, head, bucket]
-    d11, d10, d01, d00 = np.moveaxis(drop_of(ap, first, last), 1, 0)  # each [rep, head]
-    per_head = np.stack([d11, d10 - d00, d01, d11 - (d10 - d00) - d01, d00], -1)  # [rep, head, quantity]
-    with np.errstate(invalid="ignore"):
-        return np.nanmean(per_head, 1)
+def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | None = None, level: float = 0.95,
+                    progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """AP_drop and its four parts per condition, and each condition's paired difference to ``baseline``.
 
-
-def bootstrap_parts(capture: xr.Dataset, options: AnalysisOptions | None = None, n_boot: int = 2000, seed: int = 0,
-                    weights: np.ndarray | None = None, chunk: int = 200) -> dict:
-    """Estimate and bootstrap replicates of the model-level ``ap_drop`` and its parts.
-
-    A replicate draws the documents with replacement (multinomial weights,
-    shared across conditions when ``weights`` ``[rep, doc]`` is given) and
-    recomputes every bucket average over the drawn documents' key pairs, the
-    fitted query model held at the full capture's fit. It therefore measures
-    the variability that comes from which documents supply the key pairs, not
-    the estimation error of the query statistics (smaller when more documents
-    are captured). Vectorised: one einsum per chunk of replicates.
+    Returns two long tables (condition, quantity, estimate, lo, hi): each condition's model-level means
+    over heads with the policy's interval over documents (bias-corrected jackknife-t), and the differences
+    to the baseline with the same interval of the paired difference (each document left out of both captures, both
+    re-analysed whole) and its two-sided t p-value. The capture at every position is left out (it is
+    the null's source, not a condition).
     """
-    opt = options or AnalysisOptions()
-    sums, counts, doc_ids, tau = document_sums(capture, opt)
-    first, last = edge_masks(tau, int(capture.attrs["seq_len"]), opt)
-    n_doc = len(doc_ids)
-    if weights is None:
-        rng = np.random.default_rng(seed)
-        weights = rng.multinomial(n_doc, np.full(n_doc, 1 / n_doc), size=n_boot).astype(float)
-    estimate = parts_from_weights(sums, counts, np.ones((1, n_doc)), first, last)[0]
-    reps = np.concatenate([parts_from_weights(sums, counts, weights[s: s + chunk], first, last)
-                           for s in range(0, len(weights), chunk)])
-    return {"estimate": estimate, "replicates": reps, "doc_ids": doc_ids}
+    from tqdm.auto import tqdm
 
+    from qkplast.analysis.decompose import model_level_parts
+    from qkplast.stats.intervals import jackknife_t
 
-def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | None = None, n_boot: int = 2000,
-                    level: float = 0.95, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """AP_drop and its decomposition per condition, and each condition's difference to ``baseline``.
-
-    Returns two long tables (condition, quantity, estimate, lo, hi): the
-    percentile bootstrap intervals of the values, and of the paired
-    differences to the baseline (the same document weights, documents matched
-    by their position in the capture's sorted ids) with ``excludes_zero``.
-    """
     if "baseline" not in captures:
         raise ValueError("condition_table needs a 'baseline' condition")
-    n_docs = {name: len(np.unique(c.doc.values)) for name, c in captures.items()}
-    if len(set(n_docs.values())) != 1:
-        raise ValueError(f"conditions have different document counts {n_docs}: a paired bootstrap needs the same documents")
-    n = n_docs["baseline"]
-    rng = np.random.default_rng(seed)
-    weights = rng.multinomial(n, np.full(n, 1 / n), size=n_boot).astype(float)
-    res = {name: bootstrap_parts(cap, options, weights=weights) for name, cap in captures.items()}
-    a = (1 - level) / 2
+    captures = {n: c for n, c in captures.items() if n != "all_positions"}
+    docs = {name: tuple(np.unique(c.doc.values)) for name, c in captures.items()}
+    if len(set(docs.values())) != 1:
+        raise ValueError(f"conditions hold different documents {sorted(set(docs.values()))}: the differences are paired "
+                         "by document")
+    doc_ids = docs["baseline"]
+    from qkplast.stats.bootstrap import document_jackknife
+
+    opt = options or AnalysisOptions()
+    values = lambda cap, pairs=None: np.array(list(model_level_parts(cap, opt, pairs=pairs).values()))  # noqa: E731
+    est, jack = {}, {}
+    for name, cap in tqdm(captures.items(), desc="conditions", disable=not progress):
+        est[name] = values(cap)
+        jack[name] = document_jackknife(cap, values, pairs_of=opt)  # [doc, quantity], each keeping its share of pairs
     rows, diffs = [], []
-    base = res["baseline"]
-    for name, r in res.items():
-        lo, hi = np.nanquantile(r["replicates"], [a, 1 - a], axis=0)
-        for i, qty in enumerate(QUANTITIES):
-            rows.append({"condition": name, "quantity": qty, "estimate": r["estimate"][i], "lo": lo[i], "hi": hi[i]})
+    for name in captures:
+        own = jackknife_t(est[name], jack[name], level, bias_correct=True)
+        rows += [{"condition": name, "quantity": q, "estimate": est[name][i], "lo": own["lo"][i], "hi": own["hi"][i]}
+                 for i, q in enumerate(QUANTITIES)]
         if name == "baseline":
             continue
-        d = r["replicates"] - base["replicates"]
-        dlo, dhi = np.nanquantile(d, [a, 1 - a], axis=0)
-        for i, qty in enumerate(QUANTITIES):
-            diffs.append({"condition": name, "quantity": qty, "estimate": r["estimate"][i] - base["estimate"][i],
-                          "lo": dlo[i], "hi": dhi[i], "excludes_zero": bool(dlo[i] > 0 or dhi[i] < 0)})
-    return pd.DataFrame(rows), pd.DataFrame(diffs)
+        delta = est[name] - est["baseline"]
+        d = jackknife_t(delta, jack[name] - jack["baseline"], level, bias_correct=True)
+        diffs += [{"condition": name, "quantity": q, "estimate": delta[i], "lo": d["lo"][i], "hi": d["hi"][i],
+                   "p_t": d["p"][i]} for i, q in enumerate(QUANTITIES)]
+    out_v, out_d = pd.DataFrame(rows), pd.DataFrame(diffs)
+    for t in (out_v, out_d):
+        t.attrs.update(level=level, documents=len(doc_ids),
+                       interval="bias-corrected jackknife-t over documents (captures re-analysed)")
+    return out_v, out_d
 
 
-def read_conditions(diffs: pd.DataFrame, quantity: str = "ap_drop_content", null: str = "baseline_reseeded") -> pd.DataFrame:
-    """Which interventions move ``quantity`` beyond the null.
+def reseed_null(all_positions: xr.Dataset, baseline: xr.Dataset, n: int, options: AnalysisOptions | None = None,
+                progress: bool = False) -> pd.DataFrame:
+    """AP_drop's parts of ``n`` reseeded baselines minus the baseline's: the null of no intervention.
 
-    A condition counts as moving it when its paired bootstrap interval of the
-    difference to the baseline excludes 0 *and* the difference is larger in
-    size than anything the reseeded baseline's interval allows (the same model
-    and documents with other sampled positions, i.e. no intervention: the
-    larger end of its interval in absolute value). Returns one row per
-    condition, with the null size in ``null_size``.
+    Seeds ``baseline seed + 1 .. + n`` (:func:`reseeded_captures`); one row per seed, one column per quantity.
     """
+    from tqdm.auto import tqdm
+
+    from qkplast.analysis.decompose import model_level_parts
+
+    opt = options or AnalysisOptions()
+    base = np.array(list(model_level_parts(baseline, opt).values()))
+    seeds = int(baseline.attrs["seed"]) + 1 + np.arange(n)
+    rows = [np.array(list(model_level_parts(cap, opt).values())) - base
+            for cap in tqdm(reseeded_captures(all_positions, baseline, seeds), total=n, desc="reseeded", disable=not progress)]
+    return pd.DataFrame(rows, columns=list(QUANTITIES), index=pd.Index(seeds, name="seed"))
+
+
+def read_conditions(diffs: pd.DataFrame, null: pd.DataFrame, quantity: str = "ap_drop_content", alpha: float = 0.05,
+                    margin: float | None = None) -> pd.DataFrame:
+    """Which interventions move ``quantity``: interval, the null's rank, Holm across the conditions, verdict.
+
+    Each condition's difference to the baseline is ranked among the reseeded baselines' differences
+    (``null``, no intervention): the two-sided p-value is ``(1 + #{|null| >= |difference|}) / (1 + n)``,
+    whose floor is ``1 / (1 + n)``. The verdict on "the condition moves the quantity"
+    (:func:`qkplast.stats.decision.verdict`, claim "differs") needs the policy's interval of the
+    difference to exclude zero and the Holm-adjusted p (across the conditions) below ``alpha``; with a
+    ``margin`` stated in advance an interval inside it is "no effect".
+    """
+    from qkplast.stats.decision import holm, verdict
+
     sub = diffs[diffs.quantity == quantity].set_index("condition")
-    # the null's size: the largest difference its paired interval allows (resampled positions, no intervention)
-    null_size = float(max(abs(sub.loc[null, "lo"]), abs(sub.loc[null, "hi"]))) if null in sub.index else 0.0
-    out = sub[["estimate", "lo", "hi", "excludes_zero"]].copy()
-    out["null_size"] = null_size
-    out["beyond_null"] = out.excludes_zero & (out.estimate.abs() > null_size)
-    if null in out.index:
-        out.loc[null, "beyond_null"] = False
+    n = int(null[quantity].notna().sum())
+    nulls = np.abs(null[quantity].dropna().to_numpy())
+    out = sub[["estimate", "lo", "hi"]].copy()
+    out["p (null rank)"] = [(1 + int(np.sum(nulls >= abs(e)))) / (1 + n) for e in out.estimate]
+    out["p (Holm)"] = holm(out["p (null rank)"].to_numpy())
+    out["verdict"] = [verdict(e, lo, hi, p, claim="differs", margin=margin, alpha=alpha)
+                      for e, lo, hi, p in zip(out.estimate, out.lo, out.hi, out["p (Holm)"])]
+    out.attrs.update(quantity=quantity, n_null=n, floor=1 / (1 + n), null_q95=float(np.quantile(nulls, 0.95)) if n else np.nan)
     return out
+
+
+ROPE_LIKE = ("rope", "window")
+SINK_LIKE = ("bos", "mid_document", "mask_first")
+
+
+def mechanism_reading(reading: pd.DataFrame) -> str:
+    """The section 7.6 reading computed from the conditions' verdicts: which kind of intervention moves the part."""
+    moved = [c for c in reading.index if reading.loc[c, "verdict"] == "supported"]
+    rope = [c for c in moved if c.startswith(ROPE_LIKE)]
+    sink = [c for c in moved if c.startswith(SINK_LIKE)]
+    if rope and not sink:
+        return f"only RoPE or window conditions move it ({', '.join(rope)}): the data favour RoPE accumulation (or a length effect) over sink competition"
+    if sink and not rope:
+        return f"only initial-token conditions move it ({', '.join(sink)}): the data favour sink competition over RoPE accumulation"
+    if rope and sink:
+        return f"both kinds move it ({', '.join(moved)}): the data do not single out one mechanism"
+    return "no condition moves it beyond the null with the correction: the data favour neither mechanism at this size"

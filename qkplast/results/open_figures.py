@@ -75,8 +75,8 @@ def counterfactual_profiles(metrics: xr.Dataset):
     """Mean over heads of the four counterfactual plasticity profiles of the AP_drop decomposition."""
     fig, (ax,) = _fig()
     tau = metrics.tau.values
-    labels = {"P1C1": "fitted model (= ap)", "P1C0": "positional term, content held fixed",
-              "P0C1": "no positional term, content per bucket", "P0C0": "neither (key pairs only)"}
+    labels = {"P1C1": "fitted model (= ap)", "P1C0": "drifts of queries and keys, content held fixed",
+              "P0C1": "no drift, content per bucket", "P0C0": "neither (the baseline)"}
     for v, label in labels.items():
         ax.plot(tau, _mean(metrics.ap_counterfactual.sel(variant=v), "head"), "-o", ms=3, label=label)
     first, last = metrics.in_first20.values, metrics.in_last20.values
@@ -88,8 +88,9 @@ def counterfactual_profiles(metrics: xr.Dataset):
     return fig
 
 
-def condition_bars(table: pd.DataFrame, quantities=("ap_drop", "ap_drop_bias", "ap_drop_content", "ap_drop_interaction")):
-    """Estimates with bootstrap intervals per condition (rows) and quantity (colours)."""
+def condition_bars(table: pd.DataFrame, quantities=("ap_drop", "ap_drop_baseline", "ap_drop_bias", "ap_drop_content",
+                                                   "ap_drop_interaction")):
+    """Estimates with their intervals per condition (rows) and quantity (colours)."""
     conditions = list(dict.fromkeys(table.condition))
     fig, (ax,) = _fig(width=8.0)
     width = 0.8 / len(quantities)
@@ -100,7 +101,7 @@ def condition_bars(table: pd.DataFrame, quantities=("ap_drop", "ap_drop_bias", "
         ax.errorbar(x, sub.estimate, yerr=[sub.estimate - sub.lo, sub.hi - sub.estimate], fmt="none", ecolor="k", lw=0.8)
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xticks(np.arange(len(conditions)), conditions, rotation=30, ha="right")
-    ax.set(ylabel="mean over heads", title="AP_drop and its parts per condition (95% bootstrap intervals)")
+    ax.set(ylabel="mean over heads", title="AP_drop and its parts per condition (95% intervals over documents)")
     ax.legend(fontsize=8)
     return fig
 

@@ -8,13 +8,18 @@ statement of whether the two are comparable and, if not, why.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 from scipy import stats
 
+from qkplast.analysis.listwise import listwise, listwise_means, pairwise_predicts_listwise
+from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.options import AnalysisOptions
 from qkplast.results import reference
+from qkplast.stats.intervals import jackknife_t, t_interval
 
 #: (label, thesis fact name in scalar_facts.csv, function of the metrics, scale to the fact's unit)
 GEOMETRY = (
@@ -163,17 +168,26 @@ def quintile_table(metrics_by_run: dict[str, xr.Dataset], include_thesis: bool =
     return table.round(3)
 
 
-#: interval columns of a bootstrap Dataset: (label, low variable, high variable)
-INTERVALS = (("basic", "lo", "hi"), ("percentile", "lo_percentile", "hi_percentile"), ("BCa", "lo_bca", "hi_bca"))
+#: interval columns of a bootstrap Dataset beside the policy's ``lo``/``hi``: (label, low variable, high variable)
+INTERVALS = (("basic", "lo_basic", "hi_basic"), ("percentile", "lo_percentile", "hi_percentile"),
+             ("BCa", "lo_bca", "hi_bca"), ("jackknife-t", "lo_jackknife_t", "hi_jackknife_t"))
+
+
+def _policy_label(boot: xr.Dataset) -> str:
+    from qkplast.stats.bootstrap import INTERVAL_NAMES
+
+    return f"policy ({INTERVAL_NAMES.get(boot.attrs.get('interval'), boot.attrs.get('interval', '?'))})"
 
 
 def with_intervals(boot: xr.Dataset, digits: int = 3) -> pd.DataFrame:
-    """Estimate and every bootstrap interval per metric (basic, percentile, BCa where present), as printed.
+    """Estimate, the policy's interval (``lo``/``hi``) and every other interval per metric, as printed.
 
     ``attrs["note"]`` states the replicate count, the number of documents and the method.
     """
     level = int(round(100 * boot.attrs["level"]))
     out = pd.DataFrame({"estimate": boot.estimate.values}, index=boot.metric.values)
+    out[f"{level}% {_policy_label(boot)}"] = [f"[{a:.{digits}g}, {b:.{digits}g}]"
+                                              for a, b in zip(boot["lo"].values, boot["hi"].values)]
     for label, lo, hi in INTERVALS:
         if lo in boot and hi in boot:
             out[f"{level}% {label}"] = [f"[{a:.{digits}g}, {b:.{digits}g}]" for a, b in zip(boot[lo].values, boot[hi].values)]
@@ -211,6 +225,7 @@ def corpus_comparison(runs: dict[str, xr.Dataset], boots: dict[str, xr.Dataset] 
         for name, b in boots.items():
             for metric in ("ap_first20", "ap_last20", "ap_drop"):
                 i = list(b.metric.values).index(metric)
+                table.loc[f"{metric} {_policy_label(b)} interval", name] = f"[{b['lo'].values[i]:.3f}, {b['hi'].values[i]:.3f}]"
                 for label, lo, hi in INTERVALS:
                     if lo in b:
                         table.loc[f"{metric} {label} interval", name] = f"[{b[lo].values[i]:.3f}, {b[hi].values[i]:.3f}]"
@@ -253,3 +268,184 @@ def thesis_lc_positions() -> pd.DataFrame:
     table = lc.pivot_table(index="label", columns="bin", values="ap", sort=False)
     labels = lc.drop_duplicates("bin").set_index("bin").bin_label
     return table.rename(columns=labels.to_dict()).rename_axis(index="checkpoint", columns="positions")
+
+
+# --------------------------------------------------------------------------- verdict tables (chapters 07, 12, 13)
+
+
+def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, level: float = 0.95) -> pd.DataFrame:
+    """AP_drop and its four parts (:mod:`qkplast.analysis.decompose`): means over heads with the policy's interval
+    over documents (jackknife-t, each document left out and the capture re-analysed), and the share of heads
+    with a positive value."""
+    from qkplast.analysis.decompose import PARTS, model_level_parts
+    from qkplast.stats.bootstrap import document_interval
+
+    from qkplast.options import AnalysisOptions
+
+    names = ["ap_drop", *PARTS]
+    opt = options or AnalysisOptions()
+    ci = document_interval(capture, lambda c, pairs=None: [model_level_parts(c, opt, pairs=pairs)[n] for n in names],
+                           level, pairs_of=opt)
+    out = pd.DataFrame({"mean over heads": ci["point"], "bias-corrected": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
+                        f"{int(100 * level)}% hi": ci["hi"],
+                        "share of heads > 0": [float((metrics[n] > 0).mean()) for n in names]}, index=names)
+    out.attrs["method"] = (f"bias-corrected jackknife-t over {len(ci['jackknife'])} documents ({len(ci['jackknife']) - 1} degrees of "
+                           "freedom), each left-out capture re-analysed")
+    return out
+
+
+def gqa_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: int = 2000, seed: int = 0,
+              level: float = 0.95) -> pd.DataFrame:
+    """The GQA coordination statistic ``T`` (:mod:`qkplast.analysis.gqa`) with both nulls and an interval over documents.
+
+    Rows: the closed-form profiles ``ap``. Columns: ``T``, the within-layer label-permutation null (mean,
+    p) and the null that keeps every head's keys (:func:`qkplast.analysis.gqa.gqa_key_null`; mean, p), and the
+    policy's interval of ``T`` over documents (each left-out capture's closed-form profiles). Groups
+    share their keys, so the label null's p counts similarity the keys alone build in; the key null's does not.
+    """
+    from qkplast.analysis.gqa import cross_profiles, gqa_key_null, gqa_similarity
+    from qkplast.analysis.plasticity import closed_form_ap
+    from qkplast.options import AnalysisOptions
+    from qkplast.stats.bootstrap import document_interval
+
+    opt = AnalysisOptions.from_kwargs(options)
+    labels = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
+    keys = gqa_key_null(metrics, cross_profiles(capture, opt), n_perm=n_perm, seed=seed)
+
+    def statistic(cap):
+        ap, _ = closed_form_ap(cap, opt)
+        return float(gqa_similarity(metrics.assign(ap=(("head", "query_bucket"), ap)), "ap", n_perm=1).statistic)
+
+    ci = document_interval(capture, statistic, level, estimate=float(labels.statistic))
+    out = pd.DataFrame({"T": [float(labels.statistic)], f"{int(100 * level)}% lo": [float(ci["lo"])],
+                        f"{int(100 * level)}% hi": [float(ci["hi"])], "within group": [float(labels.within)],
+                        "between groups": [float(labels.between)], "label null mean": [float(labels.null_mean)],
+                        "p (labels permuted)": [float(labels.p_value)], "key null mean": [float(keys.null_mean)],
+                        "p (keys kept)": [float(keys.p_value)]}, index=pd.Index(["ap (closed form)"], name="profile"))
+    out.attrs.update(n_perm=n_perm, method=f"bias-corrected jackknife-t over documents; nulls: {labels.attrs['method']}; "
+                                           f"{keys.attrs['method']}")
+    return out
+
+
+def coverage_results(path=None) -> pd.DataFrame:
+    """The stored coverage table of ``benchmarks/bench_coverage.py`` (``data/coverage.csv``)."""
+    from pathlib import Path
+
+    path = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "data" / "coverage.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run python benchmarks/bench_coverage.py to make it")
+    return pd.read_csv(path)
+
+
+def coverage_summary(table: pd.DataFrame, n_docs: int) -> pd.DataFrame:
+    """Coverage of each method at each document count (columns), per world and quantity (rows), as printed;
+    and, in ``attrs``, the smallest coverage of the policy's interval at ``n_docs`` documents over every
+    world and quantity (``policy_min``) and where it occurs."""
+    wide = table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage", sort=False)
+    # the policy's interval: "policy" for the bootstrap's six, the bias-corrected re-analysed jackknife for the parts
+    policy = table[(table.docs == n_docs) & table.method.isin(["policy", "bias-corrected jackknife-t (re-analysed)"])]
+    worst = policy.loc[policy.coverage.idxmin()] if len(policy) else None
+    wide.attrs.update(policy_min=float(worst.coverage) if worst is not None else float("nan"),
+                      policy_min_at=f"{worst.world}: {worst.quantity}" if worst is not None else "",
+                      replicates=int(table.replicates.min()))
+    return wide
+
+
+def corrections_verdicts(readings: list[dict], alpha: float = 0.05) -> pd.DataFrame:
+    """The corrections page's empirical verdicts, decided together with Holm's correction.
+
+    Each reading has ``item``, ``p`` (its permutation or t p-value) and, when the item has a contrast with
+    an interval over documents, ``estimate``, ``lo``, ``hi`` and ``claim``. A reading is "confirmed" when
+    its Holm-adjusted p is below ``alpha`` and, where it has an interval, the interval lies on the claimed
+    side of zero (:func:`qkplast.stats.decision.verdict`); "contradicted" when the interval lies on the other
+    side with the adjusted p below ``alpha``; otherwise "not distinguishable from the null" (no interval)
+    or "left open".
+    """
+    from qkplast.stats.decision import holm, verdict
+
+    out = pd.DataFrame(readings).set_index("item")
+    out["p (Holm)"] = holm(out["p"].to_numpy())
+    words = []
+    for _, r in out.iterrows():
+        if not np.isfinite(r["p"]):
+            words.append("left open")  # the statistic is undefined on this capture (stats.decision.null_verdict)
+        elif "lo" in out and np.isfinite(r.get("lo", np.nan)):
+            w = verdict(r.estimate, r.lo, r.hi, r["p (Holm)"], claim=r.claim, alpha=alpha)
+            words.append({"supported": "confirmed"}.get(w, w))
+        else:
+            words.append("confirmed" if r["p (Holm)"] < alpha else "not distinguishable from the null")
+    out["verdict"] = words
+    out.attrs["rule"] = (f"Holm across {len(out)} readings at {alpha}; an interval over documents, where the item has "
+                         "one, must lie on the claimed side of zero")
+    return out
+
+
+def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, options: AnalysisOptions | None = None,
+                                level: float = 0.95, n_perm: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Listwise means and the pairwise-listwise correlation with intervals over documents.
+
+    Documents are the unit: heads share documents and queries, so a bootstrap over heads is not an interval
+    over the data. Each quantity is recomputed with each document left out (:func:`qkplast.analysis.listwise.listwise` on the
+    capture without it) and the policy's interval, the bias-corrected jackknife-t (``n - 1`` degrees of freedom), is built from those
+    values (:func:`qkplast.stats.intervals.jackknife_t`). The correlation also gets a permutation p-value
+    of no association across the heads (head labels of one side shuffled; two-sided).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per set size: ``buckets with sets``, ``model`` and ``captured`` means with their intervals,
+        and for m != 2 ``rho`` with its interval and ``p_perm``.
+    """
+    opt = AnalysisOptions.from_kwargs(options, **{k: v for k, v in metrics.attrs.get("options", {}).items()
+                                                  if k in AnalysisOptions.__dataclass_fields__}) if options is None else options
+    docs = np.unique(capture.doc.values)
+    full = listwise_means(metrics)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        jack = [listwise_means(listwise(capture.isel(sample=np.flatnonzero(capture.doc.values != d)), opt)) for d in docs]
+    keys = list(full)
+    ci = jackknife_t(np.array([full[k] for k in keys]), np.array([[j.get(k, np.nan) for k in keys] for j in jack]), level,
+                     bias_correct=True)
+    iv = {k: (ci["lo"][i], ci["hi"][i]) for i, k in enumerate(keys)}
+    rows = []
+    for m in metrics.set_size.values:
+        m = int(m)
+        row = {"set size": "whole set" if m == 0 else m, "buckets with sets": int((metrics.n_sets.sel(set_size=m) > 0).sum())}
+        for name, label in (("ap_set", "model"), ("ap_set_mc", "captured")):
+            row[label], (lo, hi) = full[(m, name)], iv[(m, name)]
+            row[f"{label} {int(100 * level)}% CI"] = f"[{lo:.3f}, {hi:.3f}]"
+        if m != 2:
+            row["rho"], (lo, hi) = full[(m, "rho")], iv[(m, "rho")]
+            row[f"rho {int(100 * level)}% CI"] = f"[{lo:.3f}, {hi:.3f}]"
+            row["p_perm"] = pairwise_predicts_listwise(metrics, m, n_perm=n_perm, seed=seed)["p_perm"]
+        rows.append(row)
+    out = pd.DataFrame(rows).set_index("set size")
+    out.attrs["method"] = (f"bias-corrected jackknife-t over {len(docs)} documents ({len(docs) - 1} degrees of freedom), each "
+                           "left-out capture re-analysed; permutation p over heads for rho")
+    return out
+
+
+def nearest_mass_table(metrics: xr.Dataset, level: float = 0.95) -> pd.DataFrame:
+    """Softmax mass on the nearest eligible bucket per query bucket, with Student's t intervals over documents.
+
+    Each document's value is the mean over heads of the mass its own queries put on its own keys
+    (``nearest_mass_doc``, ``nearest_mass_position_doc``, ``nearest_share_doc``); the interval is over those
+    per-document values (``n - 1`` degrees of freedom), the estimate their mean.
+    """
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_doc = {"positional term alone": metrics.nearest_mass_position_doc.mean("head").values,
+                   "full scores": metrics.nearest_mass_doc.mean("head").values,
+                   "equal scores": metrics.nearest_share_doc.values}  # each [bucket, document]
+    for b, qb in enumerate(metrics.query_bucket.values):
+        row = {"query bucket": int(qb)}
+        for label, v in per_doc.items():
+            t = t_interval(v[b], level)
+            row[label] = float(t["estimate"])
+            row[f"{label} {int(100 * level)}% CI"] = (f"[{float(t['lo']):.3f}, {float(t['hi']):.3f}]"
+                                                      if np.isfinite(t["lo"]) else "")
+        rows.append(row)
+    out = pd.DataFrame(rows).set_index("query bucket")
+    out.attrs["method"] = f"Student's t over {metrics.sizes['document']} documents (per-document means over heads)"
+    return out

@@ -18,8 +18,19 @@ Two ways to compute a replicate, with the same statistics:
   reweighting cannot express (:func:`qkplast.stats.reweight.supports`).
 
 Intervals (level 0.95 by default) are for the model-level means over heads:
-basic, percentile and BCa (bias-corrected and accelerated; the acceleration
-from a jackknife over documents, Efron 1987).
+basic, percentile, BCa (bias-corrected and accelerated; the acceleration
+from a jackknife over documents, Efron 1987) and jackknife-t (the estimate
+plus or minus ``t_{n-1}`` times the jackknife standard error). ``lo``/``hi``
+hold the one the inference policy reports for this many documents
+(:func:`qkplast.stats.intervals.interval_policy`: jackknife-t below 8
+documents, where a bootstrap cannot reach its nominal coverage, BCa from
+there on), named in ``attrs["interval"]``; ``benchmarks/bench_coverage.py``
+measures every method's coverage on planted worlds.
+
+:func:`document_jackknife` and :func:`document_interval` give the same
+policy interval for any model-level statistic of a capture (the AP_drop
+parts of :mod:`qkplast.analysis.decompose` among them) by re-analysing the
+capture with each document left out.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from qkplast._torch import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import closed_form_ap, summarize_profile
+from qkplast.stats.intervals import interval_policy, jackknife_t
 from qkplast.stats.reweight import STATISTICS, reweighted_statistics, supports
 from qkplast.analysis.rotation import rotation_kernel
 
@@ -44,7 +56,7 @@ METRICS = STATISTICS
 DEFAULT_REPLICATES = 1000
 #: Version of :func:`bootstrap`'s output: bump it when its variables or intervals change, so run
 #: directories recompute their bootstrap instead of reusing a stale one.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: lo/hi are the inference policy's interval (jackknife-t below 8 documents), basic in lo_basic/hi_basic
 
 
 def resample_documents(capture: xr.Dataset, rng: np.random.Generator) -> xr.Dataset:
@@ -129,13 +141,14 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
     Returns
     -------
     xarray.Dataset
-        Dim ``metric``: ``estimate`` (full capture), ``lo``/``hi`` (basic
-        interval), ``lo_percentile``/``hi_percentile``, ``lo_bca``/``hi_bca``
-        (BCa, acceleration from the jackknife over documents ``jackknife``),
-        ``bias`` (mean of the replicates minus the estimate), ``se`` (bootstrap
-        standard error), ``z0``, ``acceleration``, ``replicates`` (``metric,
-        replicate``). Attrs: ``n_boot``, ``level``, ``seed``, ``n_docs``,
-        ``method`` (which computation and which intervals, in words).
+        Dim ``metric``: ``estimate`` (full capture), ``lo``/``hi`` (the policy's interval for this many
+        documents, named in ``attrs["interval"]``), ``lo_basic``/``hi_basic``,
+        ``lo_percentile``/``hi_percentile``, ``lo_bca``/``hi_bca`` (BCa, acceleration from the jackknife
+        over documents ``jackknife``), ``lo_jackknife_t``/``hi_jackknife_t`` with ``se_jackknife`` and
+        ``p_jackknife`` (two-sided p-value of zero on ``n - 1`` degrees of freedom), ``bias`` (mean of the
+        replicates minus the estimate), ``se`` (bootstrap standard error), ``z0``, ``acceleration``,
+        ``replicates`` (``metric, replicate``). Attrs: ``n_boot``, ``level``, ``seed``, ``n_docs``,
+        ``interval``, ``method`` (which computation and which intervals, in words).
 
     Notes
     -----
@@ -177,18 +190,30 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         q_lo, q_hi = np.nanquantile(reps, alpha, axis=0), np.nanquantile(reps, 1 - alpha, axis=0)
         lo_bca, hi_bca, z0, acc = bca_interval(reps, est, jack, level)
         bias, se = np.nanmean(reps, axis=0) - est, np.nanstd(reps, axis=0, ddof=1)
+    jt, jbc = jackknife_t(est, jack, level), jackknife_t(est, jack, level, bias_correct=True)
+    policy = interval_policy(n_docs)
+    ends = {"jackknife_t": (jt["lo"], jt["hi"]), "jackknife_bc": (jbc["lo"], jbc["hi"]), "bca": (lo_bca, hi_bca)}[policy]
     how = ("per-document sufficient statistics reweighted, batched over replicates (key pairs of the full capture, "
            "weighted by document copies)" if method == "reweight" else
            "each replicate materialised and re-analysed, key pairs redrawn")
     ds = xr.Dataset(
         {
             "estimate": ("metric", est),
-            "lo": ("metric", 2 * est - q_hi),
-            "hi": ("metric", 2 * est - q_lo),
+            "lo": ("metric", ends[0]),
+            "hi": ("metric", ends[1]),
+            "lo_basic": ("metric", 2 * est - q_hi),
+            "hi_basic": ("metric", 2 * est - q_lo),
             "lo_percentile": ("metric", q_lo),
             "hi_percentile": ("metric", q_hi),
             "lo_bca": ("metric", lo_bca),
             "hi_bca": ("metric", hi_bca),
+            "lo_jackknife_t": ("metric", jt["lo"]),
+            "hi_jackknife_t": ("metric", jt["hi"]),
+            "estimate_bc": ("metric", jbc["estimate"]),
+            "lo_jackknife_bc": ("metric", jbc["lo"]),
+            "hi_jackknife_bc": ("metric", jbc["hi"]),
+            "se_jackknife": ("metric", jt["se"]),
+            "p_jackknife": ("metric", jbc["p"]),
             "bias": ("metric", bias),
             "se": ("metric", se),
             "z0": ("metric", z0),
@@ -198,8 +223,71 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         },
         coords={"metric": list(METRICS), "document": docs},
         attrs={"n_boot": n_boot, "level": level, "seed": seed, "n_docs": n_docs, "computation": method,
-               "method": (f"bootstrap over documents, {n_boot} replicates ({how}); lo/hi: basic interval, "
-                          f"lo_percentile/hi_percentile: percentile interval, lo_bca/hi_bca: BCa interval "
-                          f"(acceleration from the jackknife over {n_docs} documents), all at level {level}")},
+               "interval": policy,
+               "method": (f"bootstrap over documents, {n_boot} replicates ({how}); lo/hi: the policy's interval for "
+                          f"{n_docs} documents ({INTERVAL_NAMES[policy]}); lo_basic/hi_basic: basic, "
+                          f"lo_percentile/hi_percentile: percentile, lo_bca/hi_bca: BCa (acceleration from the "
+                          f"jackknife over {n_docs} documents), lo_jackknife_t/hi_jackknife_t: jackknife-t with "
+                          f"{n_docs - 1} degrees of freedom around the estimate, lo_jackknife_bc/hi_jackknife_bc: "
+                          f"the same around the bias-corrected estimate estimate_bc; all at level {level}")},
     )
     return ds
+
+
+#: the words for each interval method, as tables and pages print them
+INTERVAL_NAMES = {"jackknife_t": "jackknife-t", "jackknife_bc": "bias-corrected jackknife-t", "bca": "BCa",
+                  "basic": "basic", "percentile": "percentile"}
+
+
+def documents_of(capture: xr.Dataset) -> np.ndarray:
+    """The capture's document ids, sorted (the order of every per-document axis here)."""
+    return np.unique(capture.doc.values)
+
+
+def document_jackknife(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions | None = None) -> np.ndarray:
+    """``statistic`` of the capture with each document left out in turn: ``[document, ...]`` (sorted ids).
+
+    ``statistic(capture) -> array_like`` is any model-level quantity (a mean over heads, a contrast of
+    two, a vector of them); each leave-one-out capture is re-analysed whole (query model, fit), so the
+    values carry every source of document-to-document variation. With ``pairs_of`` (the analysis options)
+    the key pairs are drawn once, on the whole capture, and each left-out capture keeps its share of them
+    (:func:`qkplast.analysis.plasticity.pairs_without`): ``statistic(capture, pairs=...)`` is then called, and
+    the leave-one-out values do not carry a fresh draw of pairs each (which a bias correction, multiplying
+    their deviations by ``n - 1``, would amplify).
+    """
+    from qkplast.analysis.plasticity import pairs_without, sample_key_pairs
+
+    docs = documents_of(capture)
+    if len(docs) < 2:
+        raise ValueError(f"a jackknife over documents needs at least two documents, the capture has {len(docs)}")
+    full = sample_key_pairs(capture, pairs_of) if pairs_of is not None else None
+    out = []
+    for d in docs:
+        keep = capture.doc.values != d
+        sub = capture.isel(sample=np.flatnonzero(keep))
+        value = statistic(sub) if full is None else statistic(sub, pairs=pairs_without(full, keep))
+        out.append(np.asarray(value, float))
+    return np.stack(out)
+
+
+def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estimate=None,
+                      pairs_of: AnalysisOptions | None = None) -> dict:
+    """The policy's interval over documents for any model-level ``statistic`` of a capture, from the jackknife.
+
+    The policy (:func:`qkplast.stats.intervals.interval_policy`) is the bias-corrected jackknife-t; each
+    left-out capture is re-analysed whole, with the whole capture's key pairs when ``pairs_of`` (the
+    analysis options) is given (:func:`document_jackknife`).
+
+    Returns
+    -------
+    dict
+        :func:`qkplast.stats.intervals.jackknife_t`'s fields (``estimate`` is the interval's centre, the
+        bias-corrected estimate) plus ``point`` (the statistic on the whole capture), ``jackknife`` (the
+        leave-one-out values) and ``interval`` (the method's name).
+    """
+    est = np.asarray(statistic(capture) if estimate is None else estimate, float)
+    jack = document_jackknife(capture, statistic, pairs_of)
+    policy = interval_policy(len(jack))
+    out = jackknife_t(est, jack, level, bias_correct=policy == "jackknife_bc")
+    out.update(jackknife=jack, interval=policy, point=est)
+    return out

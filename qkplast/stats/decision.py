@@ -13,28 +13,37 @@ def null_verdict(observed: float, null, alternative: str = "greater", alpha: flo
     ``null`` holds the statistic on ``n`` replicates of a null (e.g. permutations). The
     permutation p-value is ``(1 + #{null >= observed}) / (1 + n)`` (``"greater"``; ``"less"``
     mirrors it), which is exact for exchangeable replicates. ``word`` is ``"confirmed"`` when
-    ``p < alpha`` and ``"not distinguishable from the null"`` otherwise; ``text`` states the
-    observed value, the null's 5-95% range and the p-value in one line.
+    ``p < alpha`` and ``"not distinguishable from the null"`` otherwise (one reading alone; a page with
+    several corrects across them, :func:`holm`); ``text`` states the observed value, the null's 5-95% range
+    and the p-value in one line, without a word.
     """
-    null = np.asarray(null, float)
-    null = null[np.isfinite(null)]
+    null = np.asarray(null, float).ravel()
     if null.size == 0:
         raise ValueError("the null distribution is empty: run at least one null replicate")
     if alternative not in ("greater", "less"):
         raise ValueError(f"alternative must be 'greater' or 'less', got {alternative!r}")
+    finite = null[np.isfinite(null)]
+    if finite.size == 0 or not np.isfinite(observed):
+        # e.g. a spread log(q95 / q05) over ratios that are not all positive on a tiny capture: no reading
+        # can be made, which is said (p NaN, Holm leaves it out), never hidden
+        return {"observed": float(observed), "null_lo": np.nan, "null_hi": np.nan, "p": np.nan,
+                "n_null": int(finite.size), "confirmed": False, "word": "left open",
+                "text": (f"observed {observed:.3g}; {null_name}: {finite.size} of {null.size} replicates finite; the "
+                         "statistic is undefined on this capture, so no p-value (left open)")}
+    null = finite
     hits = (null >= observed) if alternative == "greater" else (null <= observed)
     p = (1 + int(hits.sum())) / (1 + null.size)
     word = "confirmed" if p < alpha else "not distinguishable from the null"
     lo, hi = np.percentile(null, [5, 95])
     text = (f"observed {observed:.3g}; {null_name} ({null.size} replicates) 5-95% {lo:.3g}-{hi:.3g}; "
-            f"permutation p = {p:.3g} ({alternative}): {word}")
+            f"permutation p = {p:.3g} ({alternative}, before any correction across readings)")
     return {"observed": float(observed), "null_lo": float(lo), "null_hi": float(hi), "p": p,
             "n_null": int(null.size), "confirmed": p < alpha, "word": word, "text": text}
 
 
 #: The verdict words, in the order a conjunction ranks them.
 WORDS = ("supported", "contradicted", "no effect", "left open")
-CLAIMS = ("greater", "less", "equivalent")
+CLAIMS = ("greater", "less", "differs", "equivalent")
 
 
 def holm(pvalues) -> np.ndarray:
@@ -72,8 +81,9 @@ def verdict(estimate: float, lo: float, hi: float, p: float | None = None, *, cl
     p : float, optional
         The reading's two-sided p-value *after* the chapter's multiplicity correction (:func:`holm` across
         its readings). None when the chapter makes this one reading only; then the interval decides alone.
-    claim : {"greater", "less", "equivalent"}
-        What the chapter predicted: the contrast is above zero, below zero, or within ``margin`` of zero.
+    claim : {"greater", "less", "differs", "equivalent"}
+        What the chapter predicted: the contrast is above zero, below zero, away from zero on either side
+        (``p`` then two-sided), or within ``margin`` of zero.
     margin : float, optional
         An equivalence margin stated before the data: an interval inside ``(-margin, margin)`` is a tight
         null. Required for ``claim="equivalent"``.
@@ -106,7 +116,11 @@ def verdict(estimate: float, lo: float, hi: float, p: float | None = None, *, cl
             return "supported"
         outside = margin is not None and (lo >= margin or hi <= -margin)
         return "contradicted" if outside and significant else "left open"
+    if inside:  # the whole interval within the margin stated in advance: no effect worth the name, whatever its sign
+        return "no effect"
     above, below = lo > 0, hi < 0
+    if claim == "differs":
+        return "supported" if (above or below) and significant else "left open"
     if (above if claim == "greater" else below) and significant:
         return "supported"
     if (below if claim == "greater" else above) and significant:

@@ -295,3 +295,22 @@ def describe(result: xr.Dataset, label: str, null_name: str):
                      null_name=null_name)
     text = f"{summary_line(result, label)}\nspread statistic {result.attrs['spread_statistic']}: {v['text']}"
     return v, text, null_table({label: result})
+
+
+def off_axis_null(capture: xr.Dataset, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
+    """The off-axis part of the key-position slope, ``mean_h (key_position_slope - bias_strength)``, against a
+    position shuffle (corrections page, item 9).
+
+    ``key_position_slope = mu_Q^T beta_K`` and ``bias_strength = (a^T mu_Q)(a^T beta_K)`` (eqs. 4.3-4.6), so their
+    difference is ``mu_Q^T P beta_K``, the part of the slope off the drift axis ``a``; the null shuffles the
+    token positions across samples (:func:`qkplast.theory.checks.position_shuffle_null`).
+
+    Returns ``dict(observed, null)`` with ``null`` the ``n_perm`` values of the statistic.
+    """
+    from qkplast.theory.checks import drift_axis_parts, position_shuffle_null
+
+    def off_axis(b_q, b_k, mu_q, stt):
+        bias, slope = drift_axis_parts(b_q, b_k, mu_q)
+        return ((slope - bias) / stt).mean(0)  # [perm]
+
+    return position_shuffle_null(capture, off_axis, n_perm, seed, chunk)

@@ -140,27 +140,20 @@ def check_lemma_a1(dim: int = 16, n_pairs: int = 8, n_draws: int = 200_000, posi
 # --------------------------------------------------------------------------- Lemma A.2
 
 
-def sharp_inequality(constant: float = 4.0, step: float = 1e-5) -> dict:
-    """``constant * Phi(z) Phi(-z) <= exp(-z^2/2)`` for every real z (``constant = 4``: the sharp route).
+def sharp_inequality(z=None) -> pd.DataFrame:
+    """The terms of the proof of ``4 Phi(z) Phi(-z) <= exp(-z^2/2)`` for every real z, evaluated at ``z``.
 
-    Both sides are even in z, so take ``z >= 0``. For ``z >= z_switch =
-    constant/sqrt(2 pi)`` the Mills bound ``Phi(-z) <= phi(z)/z`` and ``Phi(z) <= 1``
-    give ``constant Phi(z) Phi(-z) <= constant phi(z)/z <= exp(-z^2/2)``: a proof,
-    no numerics. Only ``[0, z_switch]`` (``[0, 1.596]`` for 4) is left; there the
-    log-gap ``log(constant Phi(z) Phi(-z)) + z^2/2`` is evaluated on a grid of
-    ``step``. At ``z = 0`` it is ``log(constant/4)``: 0 for the constant 4 (equality),
-    and its expansion ``(1/2 - 2/pi) z^2 + O(z^4)`` is negative nearby. A constant
-    above 4 fails at ``z = 0``, which shows the check can fail.
-
-    Returns ``dict(holds, z_switch, max_log_gap, argmax, n_grid)``.
+    With ``X, Y`` independent standard normals, ``(2 Phi(z) - 1)^2 = P(|X| <= z, |Y| <= z)`` (a square of side
+    ``2z``) ``>= P(X^2 + Y^2 <= z^2)`` (the disk inside it) ``= 1 - exp(-z^2/2)`` (``X^2 + Y^2`` is exponential
+    with mean 2), and ``4 Phi(z) Phi(-z) = 1 - (2 Phi(z) - 1)^2``; equality only at ``z = 0``. A proof for
+    every z, so nothing is checked on a grid; the table shows the two probabilities and the two sides at a
+    few points (default: 0, 0.5, ..., 4).
     """
-    z_switch = constant / math.sqrt(2 * math.pi)
-    z = np.arange(0.0, z_switch + step, step)  # [grid]
-    gap = math.log(constant) + stats.norm.logcdf(z) + stats.norm.logcdf(-z) + z**2 / 2
-    i = int(np.argmax(gap))
-    return {"holds": bool(gap[i] <= 1e-13), "z_switch": z_switch, "max_log_gap": float(gap[i]),
-            "argmax": float(z[i]), "n_grid": int(z.size)}
-
+    z = np.arange(0.0, 4.01, 0.5) if z is None else np.abs(np.asarray(z, float))
+    square = (2 * stats.norm.cdf(z) - 1) ** 2
+    disk = -np.expm1(-z * z / 2)
+    return pd.DataFrame({"z": z, "P(square)": square, "P(disk)": disk, "4 Phi(z) Phi(-z)": pp_from_z(z),
+                         "exp(-z^2/2)": np.exp(-z * z / 2)})
 
 def lemma_a2_constants(gamma: np.ndarray, z0: np.ndarray, route: str = "sharp"):
     """Explicit ``(C0, T0)`` of Lemma A.2 for slope ``gamma`` and intercept ``z0`` of ``z(t)``.
@@ -184,8 +177,8 @@ def check_lemma_a2(n_params: int = 500, n_t: int = 400, route: str = "thesis", t
     with ``z = gamma t + z0`` on ``n_t`` points of ``[T0, T0 + t_span/|gamma|]``
     and checks the bound with the explicit constants of ``route``. Also
     reports how often the bound fails *before* T0 (on ``[0, T0)``), which shows
-    the condition ``t >= T0`` is needed, and checks the inequality
-    ``4 Phi(z) Phi(-z) <= exp(-z^2/2)`` behind the sharp route.
+    the condition ``t >= T0`` is needed. The inequality ``4 Phi(z) Phi(-z) <= exp(-z^2/2)`` behind the
+    sharp route has a proof for every z (:func:`sharp_inequality`).
     """
     rng = np.random.default_rng(seed)
     gamma = rng.lognormal(-6, 1.5, n_params) * rng.choice([-1, 1], n_params)  # per-token slopes of z
@@ -199,18 +192,16 @@ def check_lemma_a2(n_params: int = 500, n_t: int = 400, route: str = "thesis", t
         bound = c0[:, None] * np.exp(-(gamma[:, None] ** 2) * t**2 / 8)
         return pp / bound
     after, before = ratio(t_after), ratio(t_before)
-    sharp_ok = sharp_inequality()["holds"]
     table = pd.DataFrame({
         "gamma": gamma, "z0": z0, "C0": c0, "T0": t0,
         "max_ratio_after_T0": after.max(1), "max_ratio_before_T0": np.where(t0 > 0, before.max(1), np.nan),
     })
     n_fail_before = int((table["max_ratio_before_T0"] > 1).sum())
-    passed = bool(after.max() <= 1 + 1e-12) and (sharp_ok or route == "thesis")
+    passed = bool(after.max() <= 1 + 1e-12)
     summary = (f"route {route!r}: max PP/bound over t >= T0 = {after.max():.4f} for {n_params} random (gamma, z0); "
-               f"bound violated before T0 for {n_fail_before}/{n_params}; "
-               f"4 Phi(z) Phi(-z) <= exp(-z^2/2) (Mills beyond {C0_MILLS:.3f}, grid below): {sharp_ok}")
+               f"bound violated before T0 for {n_fail_before}/{n_params}")
     return CheckResult("Lemma A.2 (single-pair decay)", passed, summary, table,
-                       {"max_ratio": float(after.max()), "n_fail_before_T0": n_fail_before, "sharp_inequality": sharp_ok})
+                       {"max_ratio": float(after.max()), "n_fail_before_T0": n_fail_before})
 
 
 # --------------------------------------------------------------------------- Theorem 4.4
@@ -346,6 +337,67 @@ def check_population_rate(t=None, sigma_delta: float = 1.0, v: float = 1.0, beta
                        {"limit": limit, "slope": slope, "t_ap_last": float(t[-1] * ap[-1])})
 
 
+def prefix_pair_distances(t: int) -> np.ndarray:
+    """Probability of each distance ``d = j - i`` (``d = 1 .. t-2``) between the two keys of a pair drawn as
+    Definition 4.3 draws it for a query at position ``t``: prefix length ``N`` uniform on ``{2, ..., t-1}``,
+    then a pair uniform among the ``C(N, 2)`` pairs of the prefix.
+
+    A pair with later key ``j`` has probability ``(2/(t-2)) (1/(j-1) - 1/(t-1))``, the same for each of its
+    ``j - 1`` earlier keys, so ``P(d) = (2/(t-2)) sum_{j=d+1}^{t-1} (1/(j-1) - 1/(t-1))``.
+    """
+    t = int(t)
+    j = np.arange(2, t)  # later key positions 2 .. t-1
+    w = 2.0 / (t - 2) * (1.0 / (j - 1) - 1.0 / (t - 1))  # [j] probability of each pair with later key j
+    tail = np.cumsum(w[::-1])[::-1]  # sum over j >= this j
+    return tail  # P(d) for d = 1 .. t-2: the later key j = d + 1 .. t - 1 (one pair per j)
+
+
+def population_ap_prefix_drift(t, key_drift: float = 1.0, sigma_delta: float = 1.0, v: float = 1.0,
+                               beta: float = 1.0, n_grid: int = 4001) -> np.ndarray:
+    """Population ``AP_t`` of Definition 4.3 when the keys drift: ``delta_1 = key_drift d + sigma_delta eps``.
+
+    The pair's distance ``d`` follows :func:`prefix_pair_distances` (it spreads over ``1 .. t-2`` as t grows),
+    and ``z = delta_1 beta t / sqrt(v)`` (Lemma A.1 with ``alpha = z0 = 0``). For each d the expectation over
+    ``eps`` uses the substitution of :func:`population_ap`. Only pairs with ``|delta_1| <~ sqrt(v)/(beta t)``
+    stay plastic, which needs ``eps`` near ``-key_drift d / sigma_delta``: the pair law moves with t, and
+    ``AP_t`` falls like ``log t / t^2`` instead of the ``1/t`` of a fixed law.
+    """
+    from scipy.integrate import simpson
+
+    out = []
+    u = np.linspace(-12.0, 12.0, n_grid)  # [grid]
+    pp = pp_from_z(u)
+    for tt in np.atleast_1d(np.asarray(t, int)):
+        pd_ = prefix_pair_distances(tt)  # [d]
+        d = np.arange(1, len(pd_) + 1)
+        s = math.sqrt(v) / (beta * tt)  # delta_1 = u s
+        dens = stats.norm.pdf(u[None, :] * s, loc=key_drift * d[:, None], scale=sigma_delta)  # [d, grid]
+        out.append(float((pd_ * s * simpson(pp * dens, x=u, axis=-1)).sum()))
+    return np.asarray(out).reshape(np.shape(t))
+
+
+def check_population_rate_drifting(t=None, key_drift: float = 0.05, sigma_delta: float = 1.0) -> CheckResult:
+    """Under Definition 4.3 with drifting keys, ``AP_t`` is of order ``log t / t^2``, not ``1/t``.
+
+    Evaluates ``t^2 AP_t / log t`` (which levels off: its last step changes it by under 5%) and ``t AP_t``
+    (which falls) for t from 30 to 3000 (:func:`population_ap_prefix_drift`), and the log-log slope over the
+    last decade (between -2.3 and -1.5: -2 with the log factor's correction).
+    """
+    t = np.unique(np.logspace(np.log10(30), np.log10(3000), 13).astype(int)) if t is None else np.asarray(t, int)
+    ap = population_ap_prefix_drift(t, key_drift, sigma_delta)
+    table = pd.DataFrame({"t": t, "AP_t": ap, "t_AP_t": t * ap, "t2_AP_t_over_log_t": t * t * ap / np.log(t)})
+    last = t >= t.max() / 10
+    slope = float(np.polyfit(np.log(t[last]), np.log(ap[last]), 1)[0])
+    r = table.t2_AP_t_over_log_t.to_numpy()
+    passed = bool(-2.3 < slope < -1.5 and table.t_AP_t.iloc[-1] < 0.2 * table.t_AP_t.iloc[0]
+                  and abs(r[-1] / r[-2] - 1) < 0.05)
+    summary = (f"keys drifting by {key_drift:g} per token (noise sd {sigma_delta:g}): t AP_t falls from "
+               f"{table.t_AP_t.iloc[0]:.3g} at t = {t[0]} to {table.t_AP_t.iloc[-1]:.3g} at t = {t[-1]}; t^2 AP_t / log t "
+               f"{r[-2]:.3g} -> {r[-1]:.3g}; log-log slope over the last decade {slope:.3f}")
+    return CheckResult("Population AP_t of Definition 4.3 with drifting keys (rate)", passed, summary, table,
+                       {"slope": slope})
+
+
 def aggregate_bound_for_heads(stats, metrics=None, route: str = "sharp") -> pd.DataFrame:
     """Theorem 4.4's constants for real heads, from :func:`qkplast.analysis.plasticity.pair_statistics`.
 
@@ -464,21 +516,15 @@ def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
     return pd.DataFrame({"layer": sub.layer.values, "q_head": sub.q_head.values, "median_max_over_min_v": spread})
 
 
-def key_slope_sign_null(capture, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
-    """Sign agreement of ``key_position_slope`` (``mu_Q^T beta_K``) with ``bias_strength``, against a position shuffle.
+def position_shuffle_null(capture, statistic, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
+    """A statistic of the rotation model against a position shuffle: observed and ``n_perm`` null values.
 
-    Observed: the share of heads whose full key-position slope has the sign of
-    their bias strength. Null: the token positions are permuted across samples
-    (one permutation for all heads; a sample's query and key keep their common
-    position), which leaves the vectors untouched and destroys any relation to
-    position. Both quantities are linear in the centred positions, so every
-    permutation needs only ``B_Q = Q_c^T t_p``, ``B_K = K_c^T t_p``: ``a`` is the
-    unit vector of ``B_Q + B_K`` (the pooled cloud's covariance with position,
-    eq. 4.3, when queries and keys share positions), ``bias = (a^T mu_Q)(a^T B_K)``
-    and ``slope = mu_Q^T B_K`` (the common scale ``1/Var(t)`` drops out of signs).
+    The token positions are permuted across samples (one permutation for all heads; a sample's query and
+    key keep their common position), which leaves the vectors untouched and destroys any relation to
+    position. The rotation model's quantities are linear in the centred positions, so every permutation
+    needs only ``B_Q = Q_c^T t_p`` and ``B_K = K_c^T t_p``: ``statistic(b_q, b_k, mu_q, stt)`` gets them
+    ``[head, perm, dim]`` with ``mu_q`` ``[head, dim]`` and ``stt = sum (t - t_bar)^2`` and returns ``[perm]``.
     Batched over permutations in chunks of ``chunk``.
-
-    Returns ``dict(observed, null)`` with ``null`` the ``n_perm`` shares.
     """
     import torch
 
@@ -489,22 +535,44 @@ def key_slope_sign_null(capture, n_perm: int = 1000, seed: int = 0, chunk: int =
     t = as_f64(capture["position"], dev)
     qc, kc = q - q.mean(1, keepdim=True), k - k.mean(1, keepdim=True)
     mu_q = q.mean(1)  # [head, dim]
-
-    def share(tp: torch.Tensor) -> torch.Tensor:  # tp [perm, sample] centred positions
-        bq = torch.einsum("hsd,ps->hpd", qc, tp)  # [head, perm, dim]
-        bk = torch.einsum("hsd,ps->hpd", kc, tp)
-        c = bq + bk
-        a = c / torch.linalg.vector_norm(c, dim=-1, keepdim=True)
-        bias = (a * mu_q[:, None]).sum(-1) * (a * bk).sum(-1)  # [head, perm]
-        slope_full = (mu_q[:, None] * bk).sum(-1)
-        return (torch.sign(bias) == torch.sign(slope_full)).to(torch.float64).mean(0)  # [perm]
-
     tc = t - t.mean()
-    observed = float(share(tc[None])[0])
+    stt = float(tc @ tc)
+
+    def value(tp):  # tp [perm, sample] centred positions
+        return statistic(torch.einsum("hsd,ps->hpd", qc, tp), torch.einsum("hsd,ps->hpd", kc, tp), mu_q, stt)
+
+    observed = float(value(tc[None])[0])
     gen = torch.Generator(device="cpu").manual_seed(seed)
     null = []
     for s in range(0, n_perm, chunk):
         m = min(chunk, n_perm - s)
         perm = torch.argsort(torch.rand(m, t.numel(), generator=gen), dim=-1).to(dev)  # [perm, sample]
-        null.append(share(tc[perm]))
+        null.append(value(tc[perm]))
     return {"observed": observed, "null": torch.cat(null).cpu().numpy()}
+
+
+def drift_axis_parts(b_q, b_k, mu_q):
+    """``bias`` and the full slope ``mu_Q^T B_K`` ``[head, perm]`` (times ``stt``) from the position sums (eq. 4.3-4.6)."""
+    import torch
+
+    c = b_q + b_k
+    a = c / torch.linalg.vector_norm(c, dim=-1, keepdim=True)  # the pooled cloud's drift axis
+    bias = (a * mu_q[:, None]).sum(-1) * (a * b_k).sum(-1)
+    return bias, (mu_q[:, None] * b_k).sum(-1)
+
+
+def key_slope_sign_null(capture, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
+    """Sign agreement of ``key_position_slope`` (``mu_Q^T beta_K``) with ``bias_strength``, against a position shuffle.
+
+    Observed: the share of heads whose full key-position slope has the sign of their bias strength; null:
+    :func:`position_shuffle_null` (the common scale ``1/Var(t)`` drops out of signs).
+
+    Returns ``dict(observed, null)`` with ``null`` the ``n_perm`` shares.
+    """
+    import torch
+
+    def share(b_q, b_k, mu_q, stt):
+        bias, slope_full = drift_axis_parts(b_q, b_k, mu_q)
+        return (torch.sign(bias) == torch.sign(slope_full)).to(torch.float64).mean(0)  # [perm]
+
+    return position_shuffle_null(capture, share, n_perm, seed, chunk)

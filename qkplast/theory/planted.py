@@ -18,6 +18,18 @@ plasticity of any key pair follows.
 factor (a centred two-point variable along one direction plus a little Gaussian
 noise): same first two moments as a Gaussian, very different tail mass, so the
 Gaussian closed form and the Monte Carlo estimate must disagree.
+
+Options beyond the thesis's model, for the tests and benchmarks that need a known answer:
+
+* ``key_axis``: the planted coordinate the keys drift along (0: with the queries' drift, as above; 1 or
+  more: a direction orthogonal to it, so the key drift lies off the query-drift axis);
+* ``content_floor``: the query content spread (coordinates 2..d around their mean) shrinks linearly from
+  1 at position 0 to ``content_floor`` at ``seq_len``, a content statistic that changes with position;
+* ``doc_effect``: document-to-document variation, the reason documents are the unit of every interval.
+  Each document draws its own shifts of the query and key content means, of the query intercept, and
+  relative changes of both slopes and of the query content spread, all of size ``doc_effect``;
+* ``world_seed``: the heads' parameters drawn from their own generator, so captures with different
+  ``seed`` are independent samples (documents, positions) of one fixed world.
 """
 
 from __future__ import annotations
@@ -83,30 +95,48 @@ def planted_capture(
     semantic: str = "gaussian",
     diagonal_semantic: bool = False,
     seed: int = 0,
+    *,
+    key_axis: int = 0,
+    content_floor: float | None = None,
+    doc_effect: float = 0.0,
+    world_seed: int | None = None,
 ) -> tuple[xr.Dataset, PlantedTruth]:
-    """A capture (the :mod:`qkplast.io` contract) drawn from the planted model, and its truth."""
+    """A capture (the :mod:`qkplast.io` contract) drawn from the planted model, and its truth.
+
+    ``key_axis``, ``content_floor``, ``doc_effect`` and ``world_seed`` are described in the module
+    docstring; their defaults give the model of appendix A.1 with the draws of earlier versions.
+    """
     if semantic not in ("gaussian", "skewed"):
         raise ValueError(f"semantic must be 'gaussian' or 'skewed', got {semantic!r}")
+    if not 0 <= key_axis < dim:
+        raise ValueError(f"key_axis must lie in 0..{dim - 1}, got {key_axis}")
+    if content_floor is not None and not 0 < content_floor:
+        raise ValueError(f"content_floor must be positive, got {content_floor}")
+    if doc_effect < 0:
+        raise ValueError(f"doc_effect must be non-negative, got {doc_effect}")
     rng = np.random.default_rng(seed)
+    world = rng if world_seed is None else np.random.default_rng([world_seed, 7])
     pos, doc = sample_positions(rng, n_docs, seq_len, bucket_size, samples_per_bucket)
     n, m = len(pos), dim - 1
     t = pos.astype(float)
-    rot = random_orthogonal(rng, n_heads, dim)
+    rot = random_orthogonal(world, n_heads, dim)
     beta = np.broadcast_to(np.asarray(beta_pos, float), (n_heads,)).copy()
     kslope = np.broadcast_to(np.asarray(key_slope, float), (n_heads,)).copy()
-    alpha = rng.normal(0.5, 0.2, n_heads)
-    mu_sem = rng.normal(0, 0.3, (n_heads, m))
+    alpha = world.normal(0.5, 0.2, n_heads)
+    mu_sem = world.normal(0, 0.3, (n_heads, m))
     if diagonal_semantic:
         cov_sem = np.stack([np.eye(m)] * n_heads)
     else:
         # a correlated, well-conditioned covariance: eigenvalues in [0.3, 1.5]
-        basis = random_orthogonal(rng, n_heads, m)
-        cov_sem = np.einsum("hij,hj,hkj->hik", basis, rng.uniform(0.3, 1.5, (n_heads, m)), basis)
-    mu_key = rng.normal(0, 0.3, (n_heads, m))
+        basis = random_orthogonal(world, n_heads, m)
+        cov_sem = np.einsum("hij,hj,hkj->hik", basis, world.uniform(0.3, 1.5, (n_heads, m)), basis)
+    mu_key = world.normal(0, 0.3, (n_heads, m))
     mu_key[:, 0] -= 1.0  # a clear Q/K centroid offset along planted coordinate 2
-    key_offset = rng.normal(-0.5, 0.2, n_heads)
+    key_offset = world.normal(-0.5, 0.2, n_heads)
+    fx = document_effects(np.random.default_rng([seed, 11]), doc, n_heads, m, doc_effect)
 
-    q1 = alpha[:, None] + beta[:, None] * t + sigma_pos * rng.normal(size=(n_heads, n))  # [head, sample]
+    q1 = (alpha[:, None] + fx.q_intercept + beta[:, None] * fx.q_slope * t
+          + sigma_pos * rng.normal(size=(n_heads, n)))  # [head, sample]
     if semantic == "gaussian":
         chol = np.linalg.cholesky(cov_sem)
         qs = mu_sem[:, None] + np.einsum("hij,hsj->hsi", chol, rng.normal(size=(n_heads, n, m)))
@@ -118,8 +148,16 @@ def planted_capture(
         s = (s - 0.1) / 0.3
         qs = mu_sem[:, None] + 3.0 * s[..., None] * w[:, None] + 0.05 * rng.normal(size=(n_heads, n, m))
         cov_sem = 9.0 * np.einsum("hi,hj->hij", w, w) + 0.0025 * np.eye(m)
-    k1 = key_offset[:, None] + kslope[:, None] * t + key_noise * rng.normal(size=(n_heads, n))
-    ks = mu_key[:, None] + key_noise * rng.normal(size=(n_heads, n, m))
+    if doc_effect or content_floor is not None:  # (skipped otherwise: the draws of earlier versions, bit for bit)
+        spread = fx.q_spread  # [head, sample] each document's content scale
+        if content_floor is not None:  # the content spread shrinks with position: a content statistic moving
+            spread = spread * (1.0 - (1.0 - content_floor) * t / seq_len)[None, :]
+        qs = mu_sem[:, None] + fx.q_content + spread[..., None] * (qs - mu_sem[:, None])
+    drift = kslope[:, None] * fx.k_slope * t  # [head, sample]
+    k1 = key_offset[:, None] + (drift if key_axis == 0 else 0.0) + key_noise * rng.normal(size=(n_heads, n))
+    ks = mu_key[:, None] + fx.k_content + key_noise * rng.normal(size=(n_heads, n, m))
+    if key_axis:  # off the query-drift axis: along planted coordinate key_axis + 1
+        ks[..., key_axis - 1] += drift
     q = np.einsum("hij,hsj->hsi", rot, np.concatenate([q1[..., None], qs], -1))  # [head, sample, dim]
     k = np.einsum("hij,hsj->hsi", rot, np.concatenate([k1[..., None], ks], -1))
 
@@ -140,12 +178,44 @@ def planted_capture(
         attrs={
             "model": "planted-positional-semantic", "seq_len": seq_len, "bucket_size": bucket_size, "seed": seed,
             "dtype": "float64", "corpus": f"synthetic:{semantic}", "n_q_heads": n_q, "n_kv_heads": n_kv,
-            "samples_per_bucket": samples_per_bucket, "n_docs": n_docs,
+            "samples_per_bucket": samples_per_bucket, "n_docs": n_docs, "key_axis": key_axis,
+            "doc_effect": doc_effect, **({"content_floor": content_floor} if content_floor is not None else {}),
         },
     )
     truth = PlantedTruth(rot, alpha, beta, np.full(n_heads, sigma_pos), mu_sem, cov_sem, kslope, key_offset,
                          mu_key, key_noise)
     return capture, truth
+
+
+@dataclass
+class DocumentEffects:
+    """Per-sample values of the document-level random effects (all neutral when ``doc_effect = 0``)."""
+
+    q_intercept: np.ndarray  # [head, sample] added to query coordinate 1
+    q_slope: np.ndarray  # [head, sample] factor on the query drift
+    q_content: np.ndarray  # [head, sample, dim-1] shift of the query content mean
+    q_spread: np.ndarray  # [head, sample] factor on the query content spread
+    k_content: np.ndarray  # [head, sample, dim-1] shift of the key content mean
+    k_slope: np.ndarray  # [head, sample] factor on the key drift
+
+
+def document_effects(rng: np.random.Generator, doc: np.ndarray, n_heads: int, m: int, size: float) -> DocumentEffects:
+    """Each document's random effects (one draw per head and document), spread to its samples.
+
+    Shifts are ``N(0, size^2)``; factors are ``exp(size z / 2)`` with ``z ~ N(0, 1)`` (positive, median 1).
+    With ``size = 0`` every shift is 0 and every factor 1, and ``rng`` is not used.
+    """
+    n = len(doc)
+    if size == 0:
+        zeros, ones = np.zeros((n_heads, n)), np.ones((n_heads, n))
+        return DocumentEffects(zeros, ones, np.zeros((n_heads, n, m)), ones, np.zeros((n_heads, n, m)), ones)
+    _, code = np.unique(doc, return_inverse=True)
+    n_doc = int(code.max()) + 1
+    shift = lambda *shape: size * rng.normal(size=(n_heads, n_doc, *shape))  # noqa: E731
+    factor = lambda: np.exp(0.5 * size * rng.normal(size=(n_heads, n_doc)))  # noqa: E731
+    per_sample = lambda x: x[:, code]  # noqa: E731  [head, doc, ...] -> [head, sample, ...]
+    return DocumentEffects(per_sample(shift()), per_sample(factor()), per_sample(shift(m)), per_sample(factor()),
+                           per_sample(shift(m)), per_sample(factor()))
 
 
 def true_query_moments(truth: PlantedTruth, t: np.ndarray):

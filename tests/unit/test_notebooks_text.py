@@ -28,8 +28,26 @@ def test_corrections_page_computes_its_verdicts():
     page = text("07_corrections")
     # "confirmed" appears in prose only as the name of a computed word, never as a bold hand-written verdict
     assert "**Confirmed" not in page
-    # every verdict is computed against its null: nulls.describe wraps decision.null_verdict
-    assert page.count("decision.null_verdict(") + page.count("nulls.describe(") >= 4 and "verdicts[" in page
+    # every verdict is computed against its null (nulls.describe wraps verdict.null_verdict), and the words are
+    # decided together at the end, with Holm's correction, by the package
+    assert page.count("null_verdict(") + page.count("nulls.describe(") >= 4
+    assert "results.corrections_verdicts(readings)" in page and page.count("readings.append(") >= 6
+
+
+@pytest.mark.parametrize("name", ["07_corrections", "12_interventions", "13_open_questions"])
+def test_verdict_pages_state_their_decision_rule_before_the_data(name):
+    page = text(name)
+    rule = page.find("ecision rule")
+    first_data = min(i for i in (page.find("load_or_bootstrap("), page.find("load_or_run_grid("),
+                                 page.find("listwise_document_intervals("), page.find("nulls.diagonal_null(")) if i >= 0)
+    assert 0 <= rule < first_data, name
+
+
+def test_interventions_page_does_not_claim_a_closed_chain_or_cite_what_it_does_not_run():
+    page = text("12_interventions")
+    assert "closes the chain" not in page.lower()
+    assert "loss_by_position" not in page and "passkey_by_depth" not in page
+    assert "not a bias-only edit" in page  # the query clamp
 
 
 def test_theorem_is_stated_for_a_fixed_pair_set_and_the_population_rate_is_shown():

@@ -23,23 +23,7 @@ import yaml
 from tests.hub_fixtures import make_hub, repo_id, save_to_hub_cache, tiny_tokenizer
 from qkplast.rundir.study_file import is_done, load_study
 from tests.helpers import ROOT
-
-#: the capture studies (a training study, with a top-level ``train:``, is qkplast train's: tests/*/train)
-STUDIES = sorted(p for p in (ROOT / "studies").glob("*.yaml") if "train" not in yaml.safe_load(p.read_text()))
-#: The architecture of each shipped id (by prefix), so its stand-in is a tiny model of the same family.
-STAND_INS = {"mistralai/Ministral-3": "mistral3", "Qwen/Qwen3": "qwen3", "meta-llama/Llama-3.2-11B-Vision": "mllama",
-             "meta-llama/Llama": "llama3", "mistral-community/Mistral-7B": "llama3",
-             "HuggingFaceTB/SmolLM3": "smollm3", "smollm2-135m": "llama3", "EleutherAI/pythia": "gpt_neox",
-             "allenai/OLMo-2": "olmo2", "OpenLLM-France/Lucie": "lucie"}
-WINDOW = {"seq_len": 512, "bucket_size": 32, "samples_per_bucket": 4, "docs": 2}
-
-
-def stand_in(model_id: str) -> str:
-    for prefix, arch in STAND_INS.items():
-        if model_id.startswith(prefix):
-            return arch
-    raise AssertionError(f"no tiny stand-in for {model_id!r}: add its architecture to STAND_INS")
-
+from tests.unit.pipeline.test_studies_shipped import STUDIES, WINDOW, stand_in
 
 def _mistral3():
     import torch
@@ -94,6 +78,10 @@ def rehearsal_file(shipped: Path, hub, slurm: bool) -> Path:
     data["defaults"] = {**(data.get("defaults") or {}), **WINDOW, "device": "cpu", "dtype": "auto",
                         "corpus": str(_corpus(root / f"{shipped.stem}.jsonl", text_field))}
     data["defaults"].pop("rope_scaling", None)
+    if defaults.get("tokenizer"):  # a base model's tokenizer (SmolLM3's checkpoints ship none): its stand-in's, pinned
+        tok_arch = stand_in(str(defaults["tokenizer"]))
+        data["defaults"]["tokenizer"] = f"{repo_id(tok_arch)}@{commits[tok_arch]}"
+        first.pop("tokenizer", None)
     data["resources"] = ({"partition": "debug", "cpus": 1, "mem_gb": 2, "timeout_min": 30, "array_parallelism": 1,
                           "setup": ["export OMP_NUM_THREADS=1"]} if slurm else {"timeout_min": 30})
     data["out"] = str(root / f"out-{shipped.stem}")

@@ -1,4 +1,5 @@
-"""The intervention grid end to end on a tiny model: conditions, effects, readings and the clamp's geometry."""
+"""The intervention grid on a tiny model: conditions, matched nulls, cells, readings, calibration and held-out
+manipulation checks, the caches."""
 
 from __future__ import annotations
 
@@ -8,38 +9,78 @@ import torch
 
 import qkplast.experiments.grid as qx
 from qkplast.analysis.metrics import analyze
+from qkplast.capture.corpus import Document
 from qkplast.capture.driver import capture
+from qkplast.experiments.behavior import CopyDesign, document_windows
 from qkplast.options import CaptureOptions
-from tests.helpers import tiny_model, tiny_tokenizer, topic_documents
+from tests.helpers import tiny_model, tiny_tokenizer
+
+DESIGN = CopyDesign(window=96, seg_len=6, positions=(44, 88), distances=(10, 30))
 
 
 def _docs():
-    return topic_documents("assert", "for", "if", "while", "try", "with")
+    from pydoc_data.topics import topics
+
+    return [Document(name, topics[name]) for name in sorted(topics, key=lambda n: (-len(topics[n]), n))[:12]]
 
 
-def test_grid_end_to_end_on_a_tiny_model():
+@pytest.fixture(scope="module")
+def setup():
     torch.manual_seed(1)
     model, tok = tiny_model("llama"), tiny_tokenizer()
-    options = CaptureOptions(seq_len=64, bucket_size=8, samples_per_bucket=4, heads=None, docs=4, short_docs="concat")
+    options = CaptureOptions(seq_len=96, bucket_size=6, samples_per_bucket=4, heads=None, docs=4, short_docs="skip")
     cap = capture(model, tok, _docs(), options=options, progress=False)
-    metrics = analyze(cap, n_pairs=32)
-    grid = qx.run_grid(model, tok, _docs(), metrics, ks=[2], n_random=3, distances=[8, 24], windows=3, seq_len=64,
-                       seg_len=6)
-    assert grid.acc.dims == ("condition", "window", "distance")
-    assert list(grid.kind.values) == ["none", "lowest", "random", "random", "random", "highest", "clamp query",
-                                      "clamp key"]
-    assert len(set(grid.heads.values[2:5])) == 3  # three distinct random draws
+    metrics = analyze(cap, n_pairs=32, open_questions=False)
+    windows, ids = document_windows(_docs(), tok, 96, 4, skip=4)
+    return model, tok, cap, metrics, windows, ids
+
+
+def test_grid_end_to_end_on_a_tiny_model(setup, tmp_path):
+    model, tok, cap, metrics, windows, ids = setup
+    assert not set(ids) & set(qx.geometry_documents(cap))  # the behaviour reads other documents
+    total, n_cal, n_check = qx.geometry_plan(4, 4)
+    docs = qx.geometry_documents(cap)
+    cal = qx.load_or_calibrate(tmp_path, model, tok, _docs(), cap, metrics, ks=[3], calibration_docs=docs[:n_cal])
+    assert set(cal) == {("key", 3), ("query", 3)}
+    grid = qx.load_or_run_grid(tmp_path, model, tok, windows, metrics, design=DESIGN, ks=[3], n_null=4, calibrated=cal)
+    again = qx.load_or_run_grid(tmp_path, model, tok, windows, metrics, design=DESIGN, ks=[3], n_null=4, calibrated=cal)
+    np.testing.assert_array_equal(grid.nll.values, again.nll.values)  # from the cache
+    assert grid.nll.dims == ("condition", "window", "position", "distance")
+    kinds = list(grid.kind.values)
+    assert kinds == ["none", "lowest"] + ["null lowest"] * 4 + ["highest"] + ["null highest"] * 4 + ["clamp key",
+                                                                                                 "clamp query"]
+    # the lowest set is the 3 heads with the smallest ap_last20, and each null set has its layer mix
     ap = {(int(a), int(b)): v for a, b, v in zip(metrics.layer.values, metrics.q_head.values, metrics.ap_last20.values)}
-    low = [tuple(map(int, h.split("."))) for h in str(grid.heads.values[1]).split()]
+    low = qx.parse_heads(str(grid.heads.values[1]))
     assert max(ap[h] for h in low) <= np.nanmin([v for h, v in ap.items() if h not in low])
-    eff = qx.effect_table(grid, n_boot=200)
-    row = eff[(eff.kind == "lowest") & (eff.effect == "mean")].iloc[0]
-    want = float((grid.acc.isel(condition=1) - grid.acc.isel(condition=0)).mean())
-    assert row.estimate == pytest.approx(want) and row.lo <= row.estimate <= row.hi
-    table = qx.readings(grid, n_boot=200)
-    assert set(table.verdict) <= {"supported", "contradicted", "left open"} and len(table) == 5
-    # re-captured on the metrics' own documents, the heads of the first clamped layer lose their bias exactly
-    geometry, profiles = qx.clamp_geometry(model, tok, _docs(), cap, metrics, low, docs=4, analysis={"n_pairs": 32})
-    first = geometry.layer == geometry.layer.min()
-    assert (geometry["residual |bias| ratio"][first] < 0.05).all(), geometry
-    assert profiles.ap.dims[:2] == ("condition", "head") and list(profiles.condition.values) == ["plain", "query", "key"]
+    for text in grid.heads.values[2:6]:
+        assert sorted(la for la, _ in qx.parse_heads(str(text))) == sorted(la for la, _ in low)
+    # a null set measures only the first sequence's cells; the targeted conditions all of them
+    null = grid.nll.sel(condition=grid.kind == "null lowest").isel(condition=0)
+    assert np.isnan(null.sel(position=44, distance=30)).all() and np.isfinite(null.sel(position=44, distance=10)).all()
+    assert np.isfinite(grid.nll.sel(condition=grid.kind == "lowest")).all()
+    # the unablated model sees the same windows and segments in every condition: none minus none is 0
+    np.testing.assert_array_equal(qx.cell_effects(grid).sel(condition=grid.kind == "none"), 0.0)
+    table = qx.readings(grid)
+    assert len(table) == 4 and set(table.verdict) <= {"supported", "contradicted", "left open", "no effect"}
+    assert np.allclose(table.loc[table.measure.str.contains("matched"), "p floor"], 1 / 5)
+    heads = qx.parse_heads(str(grid.heads.sel(condition=grid.kind == "clamp key").values[0]))
+    checks = qx.load_or_manipulation_checks(tmp_path, model, tok, _docs(), cap, metrics, heads,
+                                            calibrated={m: cal[(m, 3)] for m in ("key", "query")},
+                                            check_docs=docs[n_cal:], analysis={"n_pairs": 32, "open_questions": False})
+    assert set(checks["mode"]) == {"key", "query"} and len(checks) == 2 * len(heads)
+    for col in ("bias_strength clamped", "key_position_slope clamped", "ap_last20 clamped"):
+        assert np.isfinite(checks[col]).all()
+    # the plain columns are the capture's own analysis on the held-out documents, the same for both modes
+    plain = analyze(cap.isel(sample=np.isin(cap.doc.values, docs[n_cal:])), n_pairs=32, open_questions=False)
+    rows = [int(np.flatnonzero((plain.layer.values == la) & (plain.q_head.values == h))[0]) for la, h in heads]
+    for mode in ("key", "query"):
+        np.testing.assert_allclose(checks[checks["mode"] == mode]["bias_strength plain"], plain.bias_strength.values[rows])
+    geo = qx.geometry_at_copies(metrics, heads, DESIGN)
+    assert list(geo.index) == ["selected heads", "all heads"] and geo.shape[1] == 3
+
+
+def test_the_design_must_match_the_geometry_window(setup):
+    _, _, _, metrics, _, _ = setup
+    with pytest.raises(Exception, match="96-token windows"):
+        qx.geometry_at_copies(metrics, [(0, 0)], CopyDesign())

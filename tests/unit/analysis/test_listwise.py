@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from qkplast.analysis.decompose import fitted_layout
 from qkplast.analysis.listwise import draw_sets, listwise, model_draws, winner_plasticity
 from qkplast.options import AnalysisOptions
-from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, plasticity
+from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, plasticity, plasticity_layout
 from qkplast.theory.planted import planted_capture
 
 
@@ -50,7 +49,7 @@ def test_winner_limits_and_pairwise_formula():
 
 def test_sets_follow_the_pairwise_rules(planted):
     opt = AnalysisOptions()
-    fit = fitted_layout(planted, opt, torch.device("cpu"))
+    fit = plasticity_layout(planted, opt, torch.device("cpu"), warn=False)
     bucket, doc = planted.bucket.values, planted.doc.values
     idx, mask = draw_sets(planted, fit, opt, 8, 32, np.random.default_rng(0))
     for qb in (3, 9, 15):
@@ -112,8 +111,8 @@ def test_analyze_returns_the_contract_names(planted):
 
     m = quiet(qkplast.analyze, planted, n_pairs=64, set_sizes=(2, 8, 0))
     assert m.ap_set.dims == ("head", "query_bucket", "set_size") and list(m.set_size.values) == [2, 8, 0]
-    for name in ("ap_drop_bias", "ap_drop_content", "ap_drop_interaction"):
+    for name in ("ap_drop_baseline", "ap_drop_bias", "ap_drop_content", "ap_drop_interaction"):
         assert m[name].dims == ("head",)
-    total = m.ap_drop_bias + m.ap_drop_content + m.ap_drop_interaction
+    total = m.ap_drop_baseline + m.ap_drop_bias + m.ap_drop_content + m.ap_drop_interaction
     assert float(abs(total - m.ap_drop).max()) < 1e-12
     assert float(abs(m.ap_set.sel(set_size=2) - m.ap).max()) < 1e-12

@@ -257,9 +257,13 @@ def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_bucke
     assert torch.equal(torch.nan_to_num(mc, nan=-1.0), torch.nan_to_num(want_mc, nan=-1.0))
     n = lay.qmask[5].sum().item()
     np.testing.assert_allclose(mc[:, 5, 0].numpy(), n / (n - 1))  # p = 1/2 exactly: 4 p (1 - p) = 1, unbiased
-    with pytest.raises(ValueError, match="diagonal"):
-        pair_kernel(qr, kr, lay.pi, lay.pj, query_model(qr, lay.t, lay.onehot, lay.tau, AnalysisOptions(covariance="full")),
-                    lay.qidx, lay.qmask)
+    # a full covariance (Lemma A.1's quadratic form) through the same blocks: the reference kernel's values
+    full = query_model(qr, lay.t, lay.onehot, lay.tau, AnalysisOptions(covariance="full"))
+    pp_full, mc_full = pair_kernel(qr, kr, lay.pi, lay.pj, full, lay.qidx, lay.qmask)
+    want_full = closed_form_kernel(delta, full)
+    ok = lay.pvalid.expand_as(pp_full) & ~torch.isnan(want_full)
+    np.testing.assert_allclose(pp_full[ok].numpy(), want_full[ok].numpy(), rtol=1e-10, atol=1e-15)
+    assert torch.equal(torch.nan_to_num(mc_full, nan=-1.0), torch.nan_to_num(want_mc, nan=-1.0))
 
 
 def test_prefix_pair_weights_follow_definition_4_3(gaussian):

@@ -1,4 +1,5 @@
-"""Content-decay conditions (beyond the thesis, 7.6): the interventions are exact and reversible, the bootstrap is consistent."""
+"""Content-decay conditions (beyond the thesis, 7.6): the interventions are exact and reversible, the reseeded
+null is exactly the captures other seeds take, the intervals are paired jackknives over documents."""
 
 import warnings
 
@@ -7,11 +8,12 @@ import pytest
 import torch
 import transformers as T
 
-from qkplast.experiments.conditions import (QUANTITIES, bootstrap_parts, condition_grid, document_sums, first_keys_mask,
-                                first_keys_masked, parts_from_weights, rope_base_scaled)
-from qkplast.analysis.decompose import counterfactual_ap, decompose_drop
-from qkplast.analysis.plasticity import edge_masks
-from qkplast.options import AnalysisOptions
+import pandas as pd
+
+from qkplast.experiments.conditions import (QUANTITIES, condition_grid, condition_table, first_keys_mask, first_keys_masked,
+                                            mechanism_reading, read_conditions, reseed_null, reseeded_captures,
+                                            rope_base_scaled)
+from qkplast.analysis.decompose import model_level_parts
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.theory.planted import planted_capture
 
@@ -64,29 +66,63 @@ def test_masking_first_keys_changes_only_later_positions():
 
 def test_grid_names_and_errors():
     grid = condition_grid(1024, (0.5, 2), (1024, 2048), ("bos", "mid_document", "mask_first"), 4, 512)
-    assert list(grid) == ["baseline", "baseline_reseeded", "rope_x0.5", "rope_x2", "window_2048", "bos", "mid_document",
+    assert list(grid) == ["baseline", "all_positions", "rope_x0.5", "rope_x2", "window_2048", "bos", "mid_document",
                           "mask_first_4"]
+    assert grid["all_positions"]["all_positions"] and not grid["baseline"]["all_positions"]
     assert grid["mid_document"]["start"] == 512 and grid["window_2048"]["seq_len"] == 2048
     with pytest.raises(ValueError, match="unknown sink"):
         condition_grid(1024, (), (), ("sinks",), 4, 512)
 
 
-def test_document_sums_reproduce_the_decomposition():
-    cap = planted_capture(n_heads=3, dim=16, n_docs=12, samples_per_bucket=4, seed=5)[0]
+def _planted_conditions():
+    """A planted 'baseline' at every position, the baseline itself cut from it, and two 'conditions'."""
+    from qkplast.capture.sampling import sample_positions
+
+    full, _ = planted_capture(n_heads=3, dim=8, seq_len=512, bucket_size=32, n_docs=5, samples_per_bucket=32, seed=5)
+    full.attrs.update(samples_per_bucket=4, seed=0)  # every position; a capture would keep 4 per bucket with seed 0
+    keep = np.zeros(full.sizes["sample"], dtype=bool)
+    for d in np.unique(full.doc.values):
+        keep |= (full.doc.values == d) & np.isin(full.position.values, sample_positions(512, 32, doc_id=str(d), seed=0,
+                                                                                        samples_per_bucket=4))
+    base = full.isel(sample=np.flatnonzero(keep))
+    moved = base.assign(q=base.q * (1 + 0.2 * (base.position / 512)))  # a condition that changes the queries
+    return full, base, {"baseline": base, "same": base.copy(), "moved": moved}
+
+
+def test_reseeded_captures_are_the_captures_other_seeds_take():
+    full, base, _ = _planted_conditions()
+    own, other = reseeded_captures(full, base, [0, 1])
+    for name in ("q", "k", "position", "doc"):
+        np.testing.assert_array_equal(own[name].values, base[name].values, err_msg=name)
+    assert other.attrs["seed"] == 1 and not np.array_equal(other.position.values, base.position.values)
+    assert abs(other.sizes["sample"] - base.sizes["sample"]) < 0.3 * base.sizes["sample"]
+
+
+def test_condition_table_pairs_documents_and_reads_against_the_null():
+    full, base, conds = _planted_conditions()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlasticityWarning)
-        sums, counts, docs, tau = document_sums(cap)
-        cf = counterfactual_ap(cap)
-        dec = decompose_drop(cap)
-        boot = bootstrap_parts(cap, n_boot=1000, seed=1)
-    with np.errstate(invalid="ignore"):
-        prof = sums.sum(-1) / counts.sum(-1)
-    np.testing.assert_allclose(prof, cf.values, rtol=1e-12, atol=1e-14)
-    first, last = edge_masks(tau, cap.attrs["seq_len"], AnalysisOptions())
-    est = parts_from_weights(sums, counts, np.ones((1, len(docs))), first, last)[0]
-    expect = [float(dec[n].mean()) for n in ("ap_drop_bias", "ap_drop_content", "ap_drop_interaction", "ap_drop_keys")]
-    np.testing.assert_allclose(est[1:], expect, atol=1e-12)
-    assert est[0] == pytest.approx(est[1] + est[2] + est[3], abs=1e-12)
-    assert boot["replicates"].shape == (1000, len(QUANTITIES))
-    lo, hi = np.quantile(boot["replicates"], [0.025, 0.975], axis=0)
-    assert (hi > lo).all() and (lo[:4] <= est[:4] + 0.05).all() and (hi[:4] >= est[:4] - 0.05).all()
+        values, diffs = condition_table(conds)
+        null = reseed_null(full, base, 19)
+        est = model_level_parts(base)
+    v = values.set_index(["condition", "quantity"])
+    for q in QUANTITIES:
+        assert v.loc[("baseline", q), "estimate"] == pytest.approx(est[q], abs=1e-12)
+        assert v.loc[("baseline", q), "lo"] <= est[q] <= v.loc[("baseline", q), "hi"]
+    same = diffs[diffs.condition == "same"]
+    assert np.allclose(same.estimate, 0) and np.allclose(same.lo, 0) and np.allclose(same.hi, 0)  # identical captures
+    assert null.shape == (19, len(QUANTITIES)) and (null.std() > 0).all()
+    reading = read_conditions(diffs, null, "ap_drop")
+    assert reading.attrs["n_null"] == 19 and reading.attrs["floor"] == pytest.approx(1 / 20)
+    assert reading.loc["same", "p (null rank)"] == 1.0 and reading.loc["same", "verdict"] == "left open"
+    assert set(reading.verdict) <= {"supported", "left open", "no effect"}
+    assert (reading["p (Holm)"] >= reading["p (null rank)"]).all()
+
+
+def test_mechanism_reading_follows_the_verdicts():
+    r = pd.DataFrame({"verdict": ["supported", "left open", "left open"]}, index=["rope_x2", "bos", "window_2048"])
+    assert "RoPE" in mechanism_reading(r) and "sink" in mechanism_reading(r)  # favours RoPE over sink competition
+    r.loc["bos", "verdict"] = "supported"
+    assert "do not single out" in mechanism_reading(r)
+    r["verdict"] = "left open"
+    assert "neither" in mechanism_reading(r)

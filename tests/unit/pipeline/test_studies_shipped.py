@@ -1,26 +1,13 @@
-"""The shipped studies as written: each file validated as shipped, and its first run rehearsed with tiny
-stand-ins of the same architectures (random weights at a pinned commit in a local hub cache) at a short window
-through every stage, with ``qkplast study``; the thesis study's on the one-node SLURM cluster, after its
-``--dry-run`` script is checked.
-
-Only the model (its stand-in), the corpus (generated, in the study's own ``text_field``), the window, ``docs``,
-the device and the resources are replaced; everything else (keys, revisions policy, analysis options, the rest
-of the capture settings) is the shipped file's.
-"""
+"""The shipped studies as written: each file is valid as shipped (keys, resources, revisions policy), every
+architecture in it has a tiny rehearsal stand-in, and a floating study says how to pin it. The rehearsals of
+each study's first run through every stage are in tests/acceptance/pipeline/test_studies_shipped.py."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.hub_fixtures import make_hub, repo_id, save_to_hub_cache, tiny_tokenizer
-from qkplast.rundir.study_file import is_done, load_study
+from qkplast.rundir.study_file import load_study
 from tests.helpers import ROOT
 
 #: the capture studies (a training study, with a top-level ``train:``, is qkplast train's: tests/*/train)
@@ -40,78 +27,6 @@ def stand_in(model_id: str) -> str:
     raise AssertionError(f"no tiny stand-in for {model_id!r}: add its architecture to STAND_INS")
 
 
-def _mistral3():
-    import torch
-    import transformers as T
-
-    torch.manual_seed(0)
-    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "rope_theta": 1e6,
-            "llama_4_scaling_beta": 0.1}
-    text = T.Ministral3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                              num_key_value_heads=1, head_dim=32, vocab_size=300, max_position_embeddings=4096,
-                              rope_parameters=rope)
-    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "image_size": 32, "patch_size": 16, "head_dim": 8}
-    return T.Mistral3ForConditionalGeneration(T.Mistral3Config(text_config=text.to_dict(), vision_config=vision)).eval()
-
-
-@pytest.fixture(scope="module")
-def stand_in_hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("shipped")
-    cache = root / "hub"
-    commits = make_hub(cache, ("qwen3", "llama3", "smollm3", "mllama", "gpt_neox", "olmo2", "lucie"))
-    commits["mistral3"] = save_to_hub_cache(_mistral3(), tiny_tokenizer(), repo_id("mistral3"), cache)
-    return cache, commits, root
-
-
-def _corpus(path: Path, text_field: str) -> Path:
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    with path.open("w") as f:
-        for i in range(4):
-            f.write(json.dumps({"id": f"doc{i}", text_field: text[i * 20000: i * 20000 + 6000]}) + "\n")
-    return path
-
-
-def rehearsal_file(shipped: Path, hub, slurm: bool) -> Path:
-    """The shipped study with its first run only, stand-ins substituted (see the module doc)."""
-    from tests.helpers import TINY_NOTEBOOKS
-
-    cache, commits, root = hub
-    data = yaml.safe_load(shipped.read_text())
-    first = dict(data["models"][0])
-    arch = stand_in(str(first["id"]))
-    defaults = {**(data.get("defaults") or {}), **{k: v for k, v in first.items() if k not in ("id", "name", "resources")}}
-    text_field = defaults.get("text_field", "text")
-    first["id"] = f"{repo_id(arch)}@{commits[arch]}"
-    for key in ("model", "revision", "seq_len", "bucket_size", "samples_per_bucket", "docs", "rope_scaling"):
-        first.pop(key, None)
-    if arch == "qwen3" and defaults.get("rope_scaling"):
-        first["rope_scaling"] = defaults["rope_scaling"]  # YaRN kept: the tiny Qwen3 has 32768 positions
-    data["models"] = [first]
-    data["defaults"] = {**(data.get("defaults") or {}), **WINDOW, "device": "cpu", "dtype": "auto",
-                        "corpus": str(_corpus(root / f"{shipped.stem}.jsonl", text_field))}
-    data["defaults"].pop("rope_scaling", None)
-    data["resources"] = ({"partition": "debug", "cpus": 1, "mem_gb": 2, "timeout_min": 30, "array_parallelism": 1,
-                          "setup": ["export OMP_NUM_THREADS=1"]} if slurm else {"timeout_min": 30})
-    data["out"] = str(root / f"out-{shipped.stem}")
-    data["parameters"] = TINY_NOTEBOOKS
-    path = root / f"{shipped.stem}.rehearsal.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def _env(cache: Path, **more) -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **more}
-
-
-def _qkplast(*argv, env, timeout=1800):
-    return subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *map(str, argv)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.mark.parametrize("shipped", STUDIES, ids=[p.stem for p in STUDIES])
 def test_each_shipped_study_is_valid_as_shipped(shipped):
     study = load_study(shipped)  # keys, resources, revisions policy, names: as a submission reads it
@@ -121,16 +36,3 @@ def test_each_shipped_study_is_valid_as_shipped(shipped):
     text = shipped.read_text()
     if study.allow_floating:  # a floating study says how to pin it
         assert "pin" in text and "--validate" in text, shipped.name
-
-
-def _first_run_through_every_stage(study_file: Path, out: Path):
-    study = load_study(study_file)
-    run = study.runs[0]
-    assert is_done(run.run_dir, "notebooks")
-    manifest = json.loads((run.run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "ok" and len(manifest["notebooks"]) == 13
-    assert all(e["status"] == "ok" for e in manifest["notebooks"])
-    assert manifest["capture"]["text_field"] == study.runs[0].capture.text_field
-    return run, manifest
-
-

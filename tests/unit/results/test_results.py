@@ -83,10 +83,14 @@ def test_trajectory_table_and_corpus_comparison(metrics):
     b = bootstrap(cap, n_boot=3, n_pairs=16)
     c = results.corpus_comparison({"x": metrics, "y": metrics}, {"x": b, "y": b})
     assert (c["x"] == c["y"]).all() and c.loc["ap_drop basic interval", "x"].startswith("[")
+    assert c.loc["ap_drop policy (bias-corrected jackknife-t) interval", "x"].startswith("[")
     w = results.with_intervals(b)
     assert "95% basic" in w.columns and "95% percentile" in w.columns
-    lo, hi = float(b.lo.sel(metric="ap_drop")), float(b.hi.sel(metric="ap_drop"))
+    assert "95% policy (bias-corrected jackknife-t)" in w.columns
+    lo, hi = float(b.lo_basic.sel(metric="ap_drop")), float(b.hi_basic.sel(metric="ap_drop"))
     assert w.loc["ap_drop", "95% basic"] == f"[{lo:.3g}, {hi:.3g}]"
+    lo, hi = float(b.lo.sel(metric="ap_drop")), float(b.hi.sel(metric="ap_drop"))
+    assert w.loc["ap_drop", "95% policy (bias-corrected jackknife-t)"] == f"[{lo:.3g}, {hi:.3g}]"
     assert "3 replicates" in w.attrs["note"] and "6 documents" in w.attrs["note"]
     if "lo_bca" in b:
         assert "95% BCa" in w.columns and c.loc["ap_drop BCa interval", "x"].startswith("[")
@@ -124,10 +128,14 @@ def test_null_verdict_wording_follows_the_comparison():
     null = rng.normal(0, 1, 999)
     strong = null_verdict(4.0, null, null_name="shuffle")
     assert strong["confirmed"] and strong["word"] == "confirmed" and strong["p"] == pytest.approx(1 / 1000)
-    assert "shuffle (999 replicates)" in strong["text"] and "confirmed" in strong["text"]
+    assert "shuffle (999 replicates)" in strong["text"] and "before any correction" in strong["text"]
+    assert "confirmed" not in strong["text"]  # the word is decided with the page's correction, not in the line
     weak = null_verdict(0.5, null)
     assert not weak["confirmed"] and weak["word"] == "not distinguishable from the null"
     assert weak["p"] == pytest.approx((1 + (null >= 0.5).sum()) / 1000)
     assert null_verdict(-4.0, null, alternative="less")["confirmed"]
     with pytest.raises(ValueError, match="empty"):
-        null_verdict(1.0, [np.nan])
+        null_verdict(1.0, [])
+    undefined = null_verdict(1.0, [np.nan, np.nan])  # a statistic undefined on this capture: said, not raised
+    assert np.isnan(undefined["p"]) and undefined["word"] == "left open" and "undefined" in undefined["text"]
+    assert np.isnan(null_verdict(np.nan, null)["p"])

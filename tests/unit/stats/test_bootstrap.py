@@ -33,8 +33,11 @@ def test_intervals_and_estimate(cap):
     full = model_level(cap, AnalysisOptions(n_pairs=64))
     np.testing.assert_allclose(b.estimate.values, [full[m] for m in METRICS])
     assert (b.lo <= b.hi).all() and (b.se > 0).all()
-    np.testing.assert_allclose(b.lo + b.hi, 2 * b.estimate - b.lo_percentile - b.hi_percentile + 2 * b.estimate,
-                               rtol=1e-12)
+    np.testing.assert_allclose(b.lo_basic + b.hi_basic, 4 * b.estimate - b.lo_percentile - b.hi_percentile, rtol=1e-12)
+    # the policy reports the bias-corrected jackknife-t in lo/hi
+    assert b.attrs["interval"] == "jackknife_bc"
+    np.testing.assert_array_equal(b.lo, b.lo_jackknife_bc)
+    np.testing.assert_array_equal(b.hi, b.hi_jackknife_bc)
     again = bootstrap(cap, n_boot=12, seed=1, n_pairs=64)
     np.testing.assert_array_equal(b.replicates, again.replicates)
 

@@ -26,7 +26,6 @@ def test_lemma_a2_bound_holds_after_t0(route):
     res = theory.check_lemma_a2(n_params=300, route=route)
     assert res.passed, res
     assert res.details["max_ratio"] <= 1 + 1e-12
-    assert res.details["sharp_inequality"]
 
 
 def test_lemma_a2_condition_t0_is_needed():
@@ -63,17 +62,23 @@ def test_aggregate_bound_fails_with_too_large_c():
     assert (res.table["AP_t"].to_numpy() > wrong).any()
 
 
-def test_sharp_inequality_proved_beyond_mills_point_and_checked_below():
-    res = theory.sharp_inequality()
-    assert res["holds"]
-    np.testing.assert_allclose(res["z_switch"], 4 / np.sqrt(2 * np.pi))
-    assert res["max_log_gap"] <= 1e-13 and res["argmax"] == 0.0  # equality only at z = 0
-    # past the switch point the Mills step is a proof; spot-check that it indeed bounds the product there
-    z = np.linspace(res["z_switch"], 30, 1000)
-    from scipy import stats
-    assert (np.log(4) + stats.norm.logcdf(z) + stats.norm.logcdf(-z) <= np.log(4 * stats.norm.pdf(z) / z) + 1e-12).all()
-    assert (4 * stats.norm.pdf(z) / z <= np.exp(-z**2 / 2) * (1 + 1e-12)).all()
-    assert not theory.sharp_inequality(constant=4.2)["holds"]  # a constant above 4 fails at z = 0
+def test_sharp_inequality_terms_follow_the_square_and_disk_proof():
+    res = theory.sharp_inequality(np.linspace(0, 6, 61))
+    # square >= disk, and the two sides are 1 - square and 1 - disk
+    assert (res["P(square)"] >= res["P(disk)"] - 1e-15).all()
+    np.testing.assert_allclose(res["4 Phi(z) Phi(-z)"], 1 - res["P(square)"], atol=1e-12)
+    np.testing.assert_allclose(res["exp(-z^2/2)"], 1 - res["P(disk)"], atol=1e-12)
+    assert (res["4 Phi(z) Phi(-z)"] <= res["exp(-z^2/2)"]).all() and res["4 Phi(z) Phi(-z)"][0] == 1.0
+
+
+def test_population_ap_with_drifting_keys_under_the_prefix_law_falls_like_log_t_over_t_squared():
+    np.testing.assert_allclose(theory.prefix_pair_distances(50).sum(), 1.0, rtol=1e-12)
+    res = theory.check_population_rate_drifting()
+    assert res.passed, res
+    # without drift the same prefix law is a fixed law in delta_1: back to 1/t
+    t = np.array([100, 1000])
+    flat = theory.population_ap_prefix_drift(t, key_drift=0.0)
+    np.testing.assert_allclose(t * flat, theory.population_rate_limit(), rtol=0.02)
 
 
 def test_population_ap_decays_like_one_over_t():

@@ -1,0 +1,199 @@
+"""Actual coverage of every interval method over documents, on planted worlds with document-to-document variation.
+
+A *world* is a planted model (:func:`qkplast.theory.planted.planted_capture`) whose heads are fixed
+(``world_seed``) and whose documents are random draws: each document shifts the query and key content
+means and the query intercept, and scales both drifts and the query content spread (``doc_effect``).
+Two worlds (:data:`WORLDS`): one where the query content spread also shrinks with position
+(``content_floor``), so ``ap_drop`` has a drift part and a content part, and one where the keys drift off
+the query's drift axis with twice the document-to-document variation. Its *truth* is the analysis of one very large capture of the same world (``--truth-docs``
+documents, the closed form averaged over ``--truth-seeds`` key-pair draws): what the estimators converge to
+as documents are added. For each document count, ``--replicates`` independent captures are analysed and
+each interval method's end points compared with the truth:
+
+* for ``bias_strength``, ``key_position_slope``, ``ap_overall``, ``ap_first20``, ``ap_last20``, ``ap_drop``
+  (:func:`qkplast.stats.bootstrap.bootstrap`, 1000 replicates by reweighting): the policy's interval, basic,
+  percentile, BCa, jackknife-t around the estimate (leave-one-document-out values by reweighting)
+  and the bias-corrected jackknife-t (the same half-width around ``n estimate - (n - 1) mean(jackknife)``);
+* for ``ap_drop`` and its four parts (:mod:`qkplast.analysis.decompose`): jackknife-t over documents with
+  each leave-one-out capture re-analysed whole with its share of the whole capture's key pairs, plain and
+  bias-corrected (:func:`qkplast.stats.bootstrap.document_interval`, the interval the book reports for the parts).
+
+The table goes to ``data/coverage.csv`` (one row per world, document count, quantity and method: coverage,
+its binomial standard error, the share of misses below and above, mean width), each world's truth to
+``data/coverage_truth.csv`` (computed once, reused by later runs with the same ``--truth-docs``). Not part of the book build:
+
+    python benchmarks/bench_coverage.py [--replicates 500] [--docs 4 8 16] [--workers 2]
+
+Each replicate runs single-threaded in its own process; ``--workers`` processes run at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor, TimeoutError
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+_SHAPE = dict(n_heads=4, dim=8, seq_len=2048, bucket_size=128, samples_per_bucket=8)
+#: the planted worlds: "drift and content" has both drifts on one axis and a shrinking query content spread
+#: (AP_drop has a drift part and a content part); "key drift off axis" has the keys drifting off the query's
+#: drift axis, no content change and twice the document-to-document variation
+WORLDS = {
+    "drift and content": dict(_SHAPE, doc_effect=0.3, content_floor=0.5, world_seed=1),
+    "key drift off axis": dict(_SHAPE, doc_effect=0.6, key_axis=3, world_seed=2),
+}
+BOOT_METRICS = ("ap_overall", "ap_first20", "ap_last20", "ap_drop", "bias_strength", "key_position_slope")
+PART_QUANTITIES = ("ap_drop", "ap_drop_baseline", "ap_drop_bias", "ap_drop_content", "ap_drop_interaction")
+BOOT_METHODS = {"policy": ("lo", "hi"), "basic": ("lo_basic", "hi_basic"), "percentile": ("lo_percentile", "hi_percentile"),
+                "BCa": ("lo_bca", "hi_bca"), "jackknife-t": ("lo_jackknife_t", "hi_jackknife_t"),
+                "bias-corrected jackknife-t": ("lo_jackknife_bc", "hi_jackknife_bc")}
+
+
+def _quiet():
+    import torch
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+
+
+def truth(args) -> dict[str, float]:
+    """A world's quantities from one capture of ``n_docs`` documents with key-pair draw ``seed``."""
+    world, n_docs, seed = args
+    _quiet()
+    from qkplast.analysis.decompose import model_level_parts
+    from qkplast.options import AnalysisOptions
+    from qkplast.stats.bootstrap import model_level
+    from qkplast.theory.planted import planted_capture
+
+    cap, _ = planted_capture(n_docs=n_docs, seed=10**6, **WORLDS[world])
+    opt = AnalysisOptions(seed=seed)
+    row = model_level(cap, opt)
+    row.update({f"{k} (parts)": v for k, v in model_level_parts(cap, opt).items()})
+    return {"world": world, **row}
+
+
+def one_replicate(args) -> list[dict]:
+    """Every method's interval for one capture of ``n_docs`` documents (replicate ``r``)."""
+    world, n_docs, r, n_boot, parts_only = args
+    _quiet()
+    from qkplast.analysis.decompose import model_level_parts
+    from qkplast.options import AnalysisOptions
+    from qkplast.stats.bootstrap import bootstrap, document_interval
+    from qkplast.stats.intervals import jackknife_t
+    from qkplast.theory.planted import planted_capture
+
+    cap, _ = planted_capture(n_docs=n_docs, seed=1000 * n_docs + r, **WORLDS[world])
+    row = dict(world=world, docs=n_docs, replicate=r)
+    rows = []
+    boot = None if parts_only else bootstrap(cap, n_boot=n_boot, seed=r)
+    for metric in BOOT_METRICS if boot is not None else ():
+        b = boot.sel(metric=metric)
+        for method, (lo, hi) in BOOT_METHODS.items():
+            rows.append({**row, "quantity": metric, "method": method, "policy": boot.attrs["interval"],
+                         "estimate": float(b.estimate), "lo": float(b[lo]), "hi": float(b[hi])})
+    # AP_drop and its parts: a jackknife whose every capture is re-analysed whole (key pairs drawn again), plain and
+    # around the bias-corrected estimate (the policy's)
+    opt = AnalysisOptions()
+    parts = document_interval(cap, lambda c, pairs=None: [model_level_parts(c, opt, pairs=pairs)[q] for q in PART_QUANTITIES],
+                              pairs_of=opt)
+    plain = jackknife_t(parts["point"], parts["jackknife"])
+    for method, res in (("jackknife-t (re-analysed)", plain), ("bias-corrected jackknife-t (re-analysed)", parts)):
+        for i, q in enumerate(PART_QUANTITIES):
+            rows.append({**row, "quantity": q + " (parts)", "method": method, "policy": parts["interval"],
+                         "estimate": float(parts["point"][i]), "lo": float(res["lo"][i]), "hi": float(res["hi"][i])})
+    return rows
+
+
+def coverage_table(raw: pd.DataFrame, true: pd.DataFrame) -> pd.DataFrame:
+    """Coverage per (world, docs, quantity, method): share of intervals containing the truth, misses by side, width.
+
+    ``true`` holds one row per world (columns: quantities).
+    """
+    long = true.melt(id_vars="world", var_name="quantity", value_name="truth")
+    raw = raw.merge(long, on=["world", "quantity"], how="left")
+    raw = raw.assign(covered=(raw.lo <= raw.truth) & (raw.truth <= raw.hi), below=raw.hi < raw.truth,
+                     above=raw.lo > raw.truth, width=raw.hi - raw.lo)
+    g = raw.groupby(["world", "docs", "quantity", "method"], sort=False)
+    out = g.agg(replicates=("covered", "size"), coverage=("covered", "mean"), miss_below=("below", "mean"),
+                miss_above=("above", "mean"), mean_width=("width", "mean"), truth=("truth", "first"),
+                mean_estimate=("estimate", "mean"), policy=("policy", "first")).reset_index()
+    out["coverage_se"] = np.sqrt(out.coverage * (1 - out.coverage) / out.replicates)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--replicates", type=int, default=500)
+    ap.add_argument("--docs", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--n-boot", type=int, default=1000)
+    ap.add_argument("--truth-docs", type=int, default=1024)
+    ap.add_argument("--truth-seeds", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--worlds", nargs="+", choices=list(WORLDS), default=None)
+    ap.add_argument("--deadline", type=float, default=0, help="seconds after which no further replicate is waited for")
+    ap.add_argument("--raw", default=None, help="also write every interval (one row per replicate, quantity, method)")
+    ap.add_argument("--from-raw", nargs="+", default=None, help="only rebuild the table from the --raw files of earlier runs")
+    ap.add_argument("--parts-only", action="store_true", help="only the AP_drop parts' intervals (no bootstrap)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "data" / "coverage.csv"))
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    t0, c0 = time.perf_counter(), time.process_time()
+    worlds = args.worlds or list(WORLDS)
+    if args.from_raw:  # the table again from the intervals of earlier runs (e.g. one run per document count)
+        raw = pd.concat([pd.read_csv(f) for f in args.from_raw], ignore_index=True)
+        true = pd.read_csv(Path(args.out).with_name("coverage_truth.csv"))
+        true = true[true.truth_docs == args.truth_docs].drop(columns=["truth_docs", "truth_seeds"])
+        table = coverage_table(raw, true)
+        table.to_csv(args.out, index=False, float_format="%.6g")
+        print(table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage",
+                                sort=False).round(3).to_string())
+        return
+    truth_jobs = [(w, args.truth_docs, s) for w in worlds for s in range(args.truth_seeds)]
+    jobs = [(w, n, r, args.n_boot, args.parts_only) for n in args.docs for w in worlds for r in range(args.replicates)]
+    truth_file = Path(args.out).with_name("coverage_truth.csv")
+    known = pd.read_csv(truth_file) if truth_file.exists() else pd.DataFrame(columns=["world", "truth_docs"])
+    known = known[(known.truth_docs == args.truth_docs) & known.world.isin(worlds)]
+    truth_jobs = [job for job in truth_jobs if job[0] not in set(known.world)]  # each world's truth is computed once
+    with ProcessPoolExecutor(args.workers) as pool:
+        truths = [pool.submit(truth, job) for job in truth_jobs]  # the slowest first, beside the replicates
+        pending = [pool.submit(one_replicate, job) for job in jobs]
+        rows, stopped = [], 0
+        for future in pending:
+            left = args.deadline - (time.perf_counter() - t0) if args.deadline else None
+            try:
+                rows += future.result(timeout=max(left, 0.0) if left is not None else None)
+            except TimeoutError:
+                stopped = sum(f.cancel() or not f.done() for f in pending)
+                break
+        if truths:
+            fresh = pd.DataFrame([t.result() for t in truths]).groupby("world", sort=False).mean().reset_index()
+            fresh.insert(1, "truth_docs", args.truth_docs)
+            fresh.insert(2, "truth_seeds", args.truth_seeds)
+            known = pd.concat([known, fresh], ignore_index=True)
+            known.to_csv(truth_file, index=False, float_format="%.10g")
+        true = known.drop(columns=["truth_docs", "truth_seeds"])
+    if stopped:
+        print(f"deadline reached: {stopped} replicates not run; the table counts the replicates each row rests on")
+    raw = pd.DataFrame(rows)
+    if args.raw:
+        raw.to_csv(args.raw, index=False, float_format="%.8g")
+    table = coverage_table(raw, true)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out, index=False, float_format="%.6g")
+    wide = table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage", sort=False)
+    for w in worlds:
+        print(f"world {w!r}: {WORLDS[w]}")
+    print(f"truth from {args.truth_docs} documents x {args.truth_seeds} pair draws; "
+          f"{args.replicates} captures per document count, {args.n_boot} bootstrap replicates each")
+    print(wide.round(3).to_string())
+    print(f"wrote {args.out}; wall {time.perf_counter() - t0:.0f} s with {args.workers} workers "
+          f"(CPU of this process {time.process_time() - c0:.0f} s; the workers' is not counted)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Listwise plasticity from float32 scores: winners certified by a rounding bound equal the float64 winners, near
+ties included; the nearest-bucket mass has one value per document for its interval."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from qkplast.analysis.listwise import (certified_winner_plasticity, float32_scores, gather_sets, listwise,
+                                       winner_plasticity)
+from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.results.tables import nearest_mass_table
+from qkplast.theory.planted import planted_capture
+
+
+def test_certified_winners_equal_float64_winners_with_near_ties(rng):
+    h, n, n_key, d = 3, 40, 30, 16
+    q = torch.as_tensor(rng.normal(size=(h, n, d)))
+    k = torch.as_tensor(rng.normal(size=(h, n_key, d)))
+    k[:, 7] = k[:, 3] * (1 + 1e-9)  # near ties in every query's scores: float32 cannot order them
+    k[:, 12] = k[:, 5]  # exact ties: the win is split
+    idx = torch.as_tensor(np.stack([rng.permutation(n_key)[:8] for _ in range(10)] + [[3, 7, 5, 12, 0, 1, 2, 4]]))
+    smask = torch.ones_like(idx, dtype=torch.bool)
+    s64 = torch.einsum("hnd,hkd->hnk", q, k)  # [head, query, key]
+    want = winner_plasticity(gather_sets(s64, idx, smask), smask)
+    s32, bound = float32_scores(q, k)
+    exact = lambda hh, qq, kk: (q[hh, qq][:, None] * k[hh[:, None], kk]).sum(-1)  # noqa: E731
+    got = certified_winner_plasticity(s32, bound, idx, smask, exact, h, True)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # an infinite bound sends every row to float64: the same values
+    inf = certified_winner_plasticity(s32, torch.full_like(bound, float("inf")), idx, smask, exact, h, True)
+    torch.testing.assert_close(inf, want, rtol=1e-12, atol=1e-12)
+
+
+def test_padded_sets_and_the_nearest_mass_per_document():
+    cap, _ = planted_capture(n_heads=2, dim=8, n_docs=5, samples_per_bucket=6, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        lw = listwise(cap, set_sizes=(2, 0))
+    doc = lw.nearest_mass_doc  # [head, bucket, document]
+    assert doc.sizes["document"] == 5
+    # the pooled mass is the query-weighted mean of the documents' (equal queries per document here: their mean)
+    counts = np.stack([[(cap.doc.values[cap.bucket.values == b] == d).sum() for d in lw.document.values]
+                       for b in lw.query_bucket.values])  # [bucket, document]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pooled = np.nansum(doc.values * counts, -1) / np.sum(np.where(np.isnan(doc.values), 0, counts), -1)
+    ok = ~np.isnan(lw.nearest_mass.values)
+    np.testing.assert_allclose(pooled[ok], lw.nearest_mass.values[ok], rtol=1e-10)
+    table = nearest_mass_table(lw)
+    assert "full scores 95% CI" in table.columns and "5 documents" in table.attrs["method"]
+    row = table.loc[5]
+    lo, hi = (float(x) for x in row["full scores 95% CI"].strip("[]").split(","))
+    assert lo <= row["full scores"] <= hi
+    assert row["full scores"] == pytest.approx(float(np.nanmean(doc.sel(query_bucket=5).mean("head"))))
