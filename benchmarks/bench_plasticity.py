@@ -40,7 +40,7 @@ from qkplast.analysis.metrics import analyze
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.pca import pca
 from qkplast.analysis.plasticity import (bytes_per_head, closed_form_kernel, pair_closed_form, pair_kernel, plasticity,
-                                plasticity_layout, query_model, rotate)
+                                pair_plan, query_model, rotate)
 from qkplast.analysis.rotation import rotation
 from qkplast.theory.planted import planted_capture
 
@@ -112,7 +112,7 @@ def main():
     # pairs from any document and any earlier key, so every one of the 16 buckets gets its 256 pairs
     opt = AnalysisOptions(pair_docs="any", eligible_keys="before_query", n_pairs=256, device=args.device)
     dev = torch.device(args.device)
-    lay = plasticity_layout(cap, opt, dev, warn=False)
+    lay = pair_plan(cap, opt, dev, warn=False)
     q = torch.as_tensor(cap.q.values, dtype=torch.float64, device=dev)
     k = torch.as_tensor(cap.k.values, dtype=torch.float64, device=dev)
     n_bucket, n_max = len(lay.buckets), lay.qidx.shape[1]

@@ -85,8 +85,8 @@ from qkplast.analysis.plasticity import pair_statistics, sample_key_pairs
 
 run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
 capture, metrics = run.capture, run.metrics
-seed, analysis = run.analysis.seed, run.analysis_overrides
-stats = pair_statistics(capture, seed=seed, **analysis)  # every pair's terms of the closed form, every head
+seed = run.analysis.seed
+stats = pair_statistics(capture, options=run.analysis)  # every pair's terms of the closed form, every head, the run's options
 print(f"{stats.sizes['head']} heads x {stats.sizes['query_bucket']} query buckets x {stats.sizes['pair']} pairs")
 
 # %% [markdown]

@@ -84,7 +84,6 @@ started, started_cpu = time.perf_counter(), time.process_time()
 run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
 capture, metrics = run.capture, run.metrics
 opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
-analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
 docs, heads = opt.docs, opt.heads
 
 # %% [markdown]
@@ -219,7 +218,7 @@ near.dropna(how="all").round(3)
 # kept only the query-drift coordinate as positional: key drift off that axis then fell into "content", and
 # the baseline was counted inside the content part. On planted worlds where only the keys drift off the
 # query's axis the drift part now takes the whole drop, and where only the content spread shrinks the content
-# part does (`tests/test_decompose.py`).
+# part does (`tests/unit/analysis/test_decompose.py`).
 
 # %%
 identity = float(np.nanmax(np.abs(sum(metrics[n] for n in ("ap_drop_baseline", "ap_drop_bias", "ap_drop_content",

@@ -61,7 +61,7 @@ from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_c
                             scratch, to_numpy)
 from qkplast.analysis.moments import cloud_moments
 from qkplast.analysis.plasticity import (KeyPairs, QueryModel, bytes_per_head, edge_masks, pair_kernel,  # noqa: F401
-                                         pairwise_plasticity, plasticity_layout, rotated_clouds, weighted_pair_mean)
+                                         pairwise_plasticity, pair_plan, rotated_clouds, weighted_pair_mean)
 from qkplast.analysis.views import analysis_vectors
 from qkplast.options import AnalysisOptions
 
@@ -134,7 +134,7 @@ def counterfactuals(model: QueryModel, key_slope: torch.Tensor, lay, usable: tor
     key_slope : Tensor ``[head, dim]``
         ``H beta_K``, the keys' slope over position in the same basis.
     lay
-        The plasticity layout (:func:`qkplast.analysis.plasticity.plasticity_layout`): ``tau``, pairs,
+        The plasticity layout (:func:`qkplast.analysis.plasticity.pair_plan`): ``tau``, pairs,
         positions and pair weights.
     usable : Tensor ``[bucket]``
         Query counts of the buckets with statistics (0 for the others): the weights of the context average.
@@ -204,7 +204,7 @@ def counterfactual_ap(capture: xr.Dataset, options: AnalysisOptions | None = Non
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     capture = analysis_vectors(capture, opt)  # head_dims, query_scale (identity under the defaults)
     dev = resolve_device(opt.device)
-    lay = plasticity_layout(capture, opt, dev, warn=False, pairs=pairs)
+    lay = pair_plan(capture, opt, dev, warn=False, pairs=pairs)
     usable = usable_counts(lay, opt, dev)
 
     def one_chunk(sl: slice) -> torch.Tensor:

@@ -136,12 +136,12 @@ def cross_profiles(capture: xr.Dataset, options=None, **overrides) -> xr.DataArr
     xarray.DataArray ``[head, kv_slot, query_bucket]`` with coord ``kv_head_of_slot`` ``[head, kv_slot]``.
     """
     from qkplast._torch import head_vectors  # noqa: F401  (the same float64 conversion as the analysis)
-    from qkplast.analysis.plasticity import closed_form, plasticity_layout, weighted_pair_mean
+    from qkplast.analysis.plasticity import closed_form, pair_plan, weighted_pair_mean
     from qkplast.options import AnalysisOptions
 
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     dev = resolve_device(opt.device)
-    lay = plasticity_layout(capture, opt, dev, warn=False)
+    lay = pair_plan(capture, opt, dev, warn=False)
     layer, kv = capture["layer"].values, capture["kv_head"].values
     n_slot = max(len(np.unique(kv[layer == ly])) for ly in np.unique(layer))
     out = np.full((capture.sizes["head"], n_slot, len(lay.buckets)), np.nan)

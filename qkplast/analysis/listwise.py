@@ -43,7 +43,7 @@ from scipy.special import gammaln
 from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy)
 from qkplast.analysis.moments import cloud_moments
 from qkplast.analysis.plasticity import (PlasticityWarning, QueryModel, Rotated, bytes_per_head, pair_kernel,
-                                         plasticity_layout, rotated_clouds, weighted_pair_mean)
+                                         pair_plan, rotated_clouds, weighted_pair_mean)
 from qkplast.analysis.signs import float32_products_are_exact_ieee, sign_bound
 from qkplast.analysis.views import analysis_vectors
 from qkplast.options import AnalysisOptions
@@ -72,7 +72,7 @@ def draw_sets(capture: xr.Dataset, lay, opt: AnalysisOptions, size: int, n_sets:
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Key sets per query bucket: sample indices ``[bucket, set, slot]`` and a mask of used slots.
 
-    ``lay`` is the plasticity layout (:func:`qkplast.analysis.plasticity.plasticity_layout`).
+    ``lay`` is the plasticity layout (:func:`qkplast.analysis.plasticity.pair_plan`).
     ``size == 2`` returns the pairwise estimator's pairs; ``size == 0`` one set per
     document, its whole eligible set (padded); otherwise ``n_sets`` sets of
     ``size`` distinct keys drawn as the module docstring says. A bucket without
@@ -196,7 +196,7 @@ class BucketSets:
 
 
 @dataclass
-class SetLayout:
+class SetPlan:
     """The sets, queries and model draws of :func:`listwise`, shared by every head (one per capture)."""
 
     sizes: list  # set sizes, 2 included
@@ -208,7 +208,7 @@ class SetLayout:
     n_doc: int
 
 
-def set_layout(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, warn: bool = True) -> SetLayout:
+def set_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, warn: bool = True) -> SetPlan:
     """Draw the key sets of every size and bucket and index them into each bucket's eligible keys."""
     rng = np.random.default_rng(opt.seed)
     sizes = list(opt.set_sizes)
@@ -258,7 +258,7 @@ def set_layout(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device
     n_sets = np.stack([(drawn[m][1].sum(-1) >= 2).sum(-1) for m in sizes], -1) * usable[:, None]  # [bucket, size]
     gen = torch.Generator().manual_seed(opt.seed)
     z = torch.randn(opt.n_model_queries, capture.sizes["dim"], generator=gen, dtype=torch.float64).to(dev)
-    return SetLayout(sizes, n_sets.astype(np.int64), out, z, share, share_doc, n_doc)
+    return SetPlan(sizes, n_sets.astype(np.int64), out, z, share, share_doc, n_doc)
 
 
 @dataclass
@@ -368,7 +368,7 @@ def float32_scores(rows: torch.Tensor, keys: torch.Tensor, keys32: torch.Tensor 
     return s.transpose(0, 1).reshape(keys.shape[1], -1), bound.reshape(-1)
 
 
-def listwise_kernel(rot: Rotated, sets: SetLayout, opt: AnalysisOptions) -> ListwiseChunk:
+def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> ListwiseChunk:
     """Listwise plasticity (sizes other than 2) and the nearest-bucket softmax mass of a chunk of heads.
 
     Each bucket's scores are formed once, ``[head, query, key]`` for the captured queries and for the model
@@ -436,7 +436,7 @@ def masked_set_mean(x: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
     return torch.where(c > 0, s / c.clamp_min(1), torch.full_like(s, float("nan")))
 
 
-def listwise_dataset(chunks: list[ListwiseChunk], sets: SetLayout, buckets: np.ndarray, doc_ids: np.ndarray,
+def listwise_dataset(chunks: list[ListwiseChunk], sets: SetPlan, buckets: np.ndarray, doc_ids: np.ndarray,
                      ap: np.ndarray, ap_mc: np.ndarray, n_model_queries: int) -> xr.Dataset:
     """The Dataset of :func:`listwise` from consecutive chunks of heads; ``ap``/``ap_mc`` ``[head, bucket]`` are
     the pairwise values, which the set size 2 holds (it is the same estimator on the same pairs)."""
@@ -487,8 +487,8 @@ def listwise(capture: xr.Dataset, options: AnalysisOptions | None = None, **over
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     capture = analysis_vectors(capture, opt)  # head_dims, query_scale (identity under the defaults)
     dev = resolve_device(opt.device)
-    lay = plasticity_layout(capture, opt, dev, warn=False)
-    sets = set_layout(capture, lay, opt, dev)
+    lay = pair_plan(capture, opt, dev, warn=False)
+    sets = set_plan(capture, lay, opt, dev)
 
     def one_chunk(sl: slice):
         rot = rotated_clouds(cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt)

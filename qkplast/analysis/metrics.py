@@ -7,14 +7,14 @@ import xarray as xr
 
 from qkplast._version import __version__
 from qkplast.io import check_finite_vectors, validate_capture
-from qkplast.analysis.open_questions import (concat, decomposition_hook, listwise_chunk, open_layout,
+from qkplast.analysis.open_questions import (concat, decomposition_hook, listwise_chunk, open_plan,
                                              open_questions_dataset)
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.views import analysis_vectors
 from qkplast._torch import SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device
 from qkplast.analysis.moments import cloud_moments
 from qkplast.analysis.pca import pca_dataset, pca_from_moments
-from qkplast.analysis.plasticity import (bytes_per_head, plasticity_dataset, plasticity_kernel, plasticity_layout,
+from qkplast.analysis.plasticity import (bytes_per_head, plasticity_dataset, plasticity_kernel, pair_plan,
                                          rotated_clouds)
 from qkplast.analysis.rotation import rotation_dataset, rotation_from_moments
 
@@ -37,8 +37,8 @@ def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset
     core (:func:`qkplast._torch.map_head_chunks`).
     """
     dev = resolve_device(opt.device)
-    lay = plasticity_layout(capture, opt, dev, warn=True)
-    extra = open_layout(capture, lay, opt, dev) if opt.open_questions else None
+    lay = pair_plan(capture, opt, dev, warn=True)
+    extra = open_plan(capture, lay, opt, dev) if opt.open_questions else None
 
     def one_chunk(sl: slice):
         m = cloud_moments(*head_vectors(capture, sl, dev), lay.t)

@@ -17,34 +17,34 @@ import xarray as xr
 
 from qkplast._torch import to_numpy
 from qkplast.analysis.decompose import Counterfactuals, counterfactuals, decomposition_dataset, usable_counts
-from qkplast.analysis.listwise import ListwiseChunk, SetLayout, listwise_dataset, listwise_kernel, set_layout
+from qkplast.analysis.listwise import ListwiseChunk, SetPlan, listwise_dataset, listwise_kernel, set_plan
 from qkplast.analysis.plasticity import Rotated
 from qkplast.options import AnalysisOptions
 
 
 @dataclass
-class OpenLayout:
+class OpenPlan:
     """What the open-questions metrics of every head share: the key sets and the context-average weights."""
 
-    sets: SetLayout
+    sets: SetPlan
     usable: torch.Tensor  # [bucket]
 
 
-def open_layout(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device) -> OpenLayout:
+def open_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device) -> OpenPlan:
     """The shared layouts, drawn once per capture (the sets with the analysis seed, as :func:`listwise` draws them)."""
-    return OpenLayout(set_layout(capture, lay, opt, dev), usable_counts(lay, opt, dev))
+    return OpenPlan(set_plan(capture, lay, opt, dev), usable_counts(lay, opt, dev))
 
 
-def decomposition_hook(rot: Rotated, lay, layout: OpenLayout) -> Counterfactuals:
+def decomposition_hook(rot: Rotated, lay, layout: OpenPlan) -> Counterfactuals:
     """The block hook of :func:`qkplast.analysis.plasticity.pair_kernel` that evaluates the counterfactual models."""
     return counterfactuals(rot.model, rot.key_slope, lay, layout.usable)
 
 
-def listwise_chunk(rot: Rotated, layout: OpenLayout, opt: AnalysisOptions) -> ListwiseChunk:
+def listwise_chunk(rot: Rotated, layout: OpenPlan, opt: AnalysisOptions) -> ListwiseChunk:
     return listwise_kernel(rot, layout.sets, opt)
 
 
-def open_questions_dataset(plasticity: xr.Dataset, variants: np.ndarray, listwise_chunks: list, layout: OpenLayout,
+def open_questions_dataset(plasticity: xr.Dataset, variants: np.ndarray, listwise_chunks: list, layout: OpenPlan,
                            capture: xr.Dataset, opt: AnalysisOptions) -> xr.Dataset:
     """Listwise plasticity and the AP_drop decomposition from the chunks of the shared pass.
 

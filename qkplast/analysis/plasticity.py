@@ -72,7 +72,7 @@ class KeyPairs:
     n_admissible: np.ndarray  # [query_bucket] admissible pairs before sampling
 
 
-def bucket_layout(capture: xr.Dataset, query_position: str = "midpoint"):
+def bucket_positions(capture: xr.Dataset, query_position: str = "midpoint"):
     """Query buckets, their representative positions tau, widths and query counts."""
     seq_len, size = int(capture.attrs["seq_len"]), int(capture.attrs["bucket_size"])
     n_bucket = -(-seq_len // size)
@@ -98,7 +98,7 @@ def sample_key_pairs(capture: xr.Dataset, options: AnalysisOptions) -> KeyPairs:
     otherwise ``n_pairs`` are drawn uniformly (with replacement) by first
     choosing a document with probability proportional to its pair count.
     """
-    _, tau, _, _ = bucket_layout(capture, options.query_position)
+    _, tau, _, _ = bucket_positions(capture, options.query_position)
     rng = np.random.default_rng(options.seed)
     pos, bucket = capture["position"].values, capture["bucket"].values
     docs = capture["doc"].values if options.pair_docs == "same" else np.zeros(pos.shape, dtype=int)
@@ -532,7 +532,7 @@ def summarize_profile(ap: np.ndarray, tau: np.ndarray, width, counts, seq_len: i
     }
 
 
-def bytes_per_head(lay: "_Layout", dim: int, opt: AnalysisOptions, monte_carlo: bool,
+def bytes_per_head(lay: "PairPlan", dim: int, opt: AnalysisOptions, monte_carlo: bool,
                    device: torch.device = torch.device("cpu")) -> int:
     """Largest temporaries per head of a chunk: its clouds' float64 copies (centred, rotated, residuals) and,
     unless :func:`pair_kernel` works through them in blocks of its own, the pairs' gathered keys (and the Monte
@@ -545,10 +545,10 @@ def bytes_per_head(lay: "_Layout", dim: int, opt: AnalysisOptions, monte_carlo: 
     return clouds + cov + 8 * n_bucket * n_pairs * (3 * dim + (n_max if monte_carlo else 0))
 
 
-def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.ndarray, "_Layout"]:
+def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.ndarray, "PairPlan"]:
     """Closed-form plasticity ``[head, query_bucket]`` only: no Monte Carlo, no maps."""
     dev = resolve_device(options.device)
-    lay = plasticity_layout(capture, options, dev, warn=False)
+    lay = pair_plan(capture, options, dev, warn=False)
     chunk = options.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], options, False, dev), dev)
 
     def one_chunk(sl: slice) -> torch.Tensor:
@@ -559,7 +559,7 @@ def closed_form_ap(capture: xr.Dataset, options: AnalysisOptions) -> tuple[np.nd
 
 
 @dataclass
-class _Layout:
+class PairPlan:
     """Everything about buckets and pairs that is shared by all heads."""
 
     buckets: np.ndarray
@@ -596,15 +596,15 @@ def pair_weights(pairs: KeyPairs, position: np.ndarray, rule: str) -> np.ndarray
     return np.where(pairs.valid & np.isfinite(w) & (w > 0), w, 0.0)
 
 
-def plasticity_layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool,
-                      pairs: KeyPairs | None = None) -> _Layout:
+def pair_plan(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.device, warn: bool,
+                      pairs: KeyPairs | None = None) -> PairPlan:
     """Buckets, key pairs, query lists, pair weights and map cells of a capture: what every head shares.
 
     ``pairs`` (default: drawn by :func:`sample_key_pairs`) are given when an analysis must use pairs drawn
     once for a larger capture (a jackknife over documents keeps each left-out capture's share of them,
     :func:`pairs_without`).
     """
-    buckets, _, width, counts = bucket_layout(capture, opt.query_position)
+    buckets, _, width, counts = bucket_positions(capture, opt.query_position)
     pairs = sample_key_pairs(capture, opt) if pairs is None else pairs
     few = (counts < opt.min_bucket_samples) | (counts == 0)
     no_pairs = ~pairs.valid.any(1)
@@ -633,7 +633,7 @@ def plasticity_layout(capture: xr.Dataset, opt: AnalysisOptions, dev: torch.devi
         qidx[b, : len(members)], qmask[b, : len(members)] = members, True
     pvalid = pairs.valid & ~few[:, None]
     pweight = np.where(pvalid, pair_weights(pairs, capture["position"].values, opt.pair_weight), 0.0)
-    return _Layout(
+    return PairPlan(
         buckets, width, counts, pairs, as_f64(capture["position"], dev), onehot, as_f64(pairs.tau, dev),
         torch.as_tensor(pairs.i, device=dev), torch.as_tensor(pairs.j, device=dev),
         torch.as_tensor(pvalid, device=dev), torch.as_tensor(qidx, device=dev), torch.as_tensor(qmask, device=dev),
@@ -684,7 +684,7 @@ class Rotated:
     key_slope: torch.Tensor
 
 
-def rotated_clouds(m: CloudMoments, lay: _Layout, opt: AnalysisOptions) -> Rotated:
+def rotated_clouds(m: CloudMoments, lay: PairPlan, opt: AnalysisOptions) -> Rotated:
     """Turn a chunk's centred clouds into the Householder basis of the query drift ``m.beta_q`` (eq. 4.10)
     and fit the query model there (eqs. 4.11-4.12); the keys stay centred (only their differences are used),
     the queries get their mean back (the Monte Carlo scores need it)."""
@@ -699,7 +699,7 @@ def rotated_clouds(m: CloudMoments, lay: _Layout, opt: AnalysisOptions) -> Rotat
     return Rotated(u, qr, kr, model, key_slope)
 
 
-def plasticity_kernel(m: CloudMoments, lay: _Layout, opt: AnalysisOptions, rotated: Rotated | None = None,
+def plasticity_kernel(m: CloudMoments, lay: PairPlan, opt: AnalysisOptions, rotated: Rotated | None = None,
                       block_hook=None) -> PlasticityChunk:
     """Closed-form and Monte Carlo plasticity of a chunk of heads (eqs. 4.10-4.14), from its centred clouds.
 
@@ -720,7 +720,7 @@ def plasticity_kernel(m: CloudMoments, lay: _Layout, opt: AnalysisOptions, rotat
     )
 
 
-def _map_sums(pp: torch.Tensor, lay: _Layout) -> tuple[torch.Tensor, torch.Tensor]:
+def _map_sums(pp: torch.Tensor, lay: PairPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Sums and counts ``[head, cell]`` of the defined pairwise values in each cell of the 2D map."""
     flat = pp.reshape(pp.shape[0], -1)  # [head, bucket * pair]
     ok = (lay.pvalid.reshape(-1)[None] & ~torch.isnan(flat)).to(torch.float64)
@@ -743,7 +743,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
-    lay = plasticity_layout(capture, opt, dev, warn=True)
+    lay = pair_plan(capture, opt, dev, warn=True)
     chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, SCRATCH_CPU_MB)
     kernel = lambda sl: plasticity_kernel(  # noqa: E731
         cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt)
@@ -751,7 +751,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
                               int(capture.attrs["seq_len"]), opt)
 
 
-def plasticity_dataset(chunks: list[PlasticityChunk], lay: _Layout, seq_len: int, opt: AnalysisOptions) -> xr.Dataset:
+def plasticity_dataset(chunks: list[PlasticityChunk], lay: PairPlan, seq_len: int, opt: AnalysisOptions) -> xr.Dataset:
     """The Dataset of :func:`plasticity` from the results of consecutive chunks of heads."""
     n_bad_var = sum(c.n_bad_var for c in chunks)
     if n_bad_var:
@@ -837,7 +837,7 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
     capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
     sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
-    lay = plasticity_layout(sub, opt, dev, warn=False)
+    lay = pair_plan(sub, opt, dev, warn=False)
     q, k = as_f64(sub["q"], dev), as_f64(sub["k"], dev)
     _, qr, kr = rotate(q, k, lay.t)
     model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
@@ -891,7 +891,7 @@ def effective_pairs(capture: xr.Dataset, options: AnalysisOptions | None = None,
     over their buckets) in the attrs.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
-    lay = plasticity_layout(capture, opt, torch.device("cpu"), warn=False)
+    lay = pair_plan(capture, opt, torch.device("cpu"), warn=False)
     w = to_numpy(lay.pweight)  # [bucket, pair]
     s1, s2 = w.sum(-1), (w * w).sum(-1)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -23,7 +23,7 @@ import xarray as xr
 from qkplast._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import pair_closed_form, plasticity_layout, query_model, rotate, summarize_profile, weighted_pair_mean
+from qkplast.analysis.plasticity import pair_closed_form, pair_plan, query_model, rotate, summarize_profile, weighted_pair_mean
 
 
 def within_document_queries(qr: torch.Tensor, cell: torch.Tensor, n_cell: int, bucket_of_cell: torch.Tensor,
@@ -53,7 +53,7 @@ def within_document_ap(capture: xr.Dataset, options: AnalysisOptions | None = No
     if opt.semantic_stats != "per_bucket":
         raise ValueError("within-document statistics are per bucket: use semantic_stats='per_bucket'")
     dev = resolve_device(opt.device)
-    lay = plasticity_layout(capture, opt, dev, warn=False)
+    lay = pair_plan(capture, opt, dev, warn=False)
     _, doc = np.unique(capture["doc"].values, return_inverse=True)
     n_bucket = len(lay.buckets)
     cell_np = doc * n_bucket + capture["bucket"].values

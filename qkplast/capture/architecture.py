@@ -8,7 +8,7 @@ layers: sliding-window (or other non-full) layers are excluded, and
 cross-attention layers are never called on text input, so they are neither
 captured nor counted (thesis 4.1.3).
 
-:func:`layout_from_config` predicts the same layout from the config alone,
+:func:`architecture_from_config` predicts the same layout from the config alone,
 for the planner, which must not load weights.
 
 Two properties of a family change what the captured vectors mean, and the
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from qkplast.capture.hooks import CAPTURE_ATTN, UnsupportedModelError, attention_switched, recording_into, register_capture_attention, text_decoder
 
-__all__ = ["SUPPORTED_FAMILIES", "LayerInfo", "ModelLayout", "inspect_model", "kv_heads", "layout_from_config",
+__all__ = ["SUPPORTED_FAMILIES", "LayerInfo", "ArchitectureSpec", "inspect_model", "kv_heads", "architecture_from_config",
            "query_scale_function", "rotary_dims"]
 
 SUPPORTED_FAMILIES = (
@@ -38,7 +38,7 @@ SUPPORTED_FAMILIES = (
     "Ministral-3 (ministral3, mistral3), SmolLM3 (smollm3), Llama 3.2 Vision (mllama), "
     "GPT-NeoX/Pythia (gpt_neox), OLMo-2 (olmo2)"
 )
-# Model types whose capture is verified against the model's own eager attention (tests/test_capture.py,
+# Model types whose capture is verified against the model's own eager attention (tests/integration/capture/test_capture.py,
 # tests/integration/capture/test_families.py).
 _VERIFIED_MODEL_TYPES = frozenset(
     {"llama", "qwen3", "mistral", "ministral", "ministral3", "mistral3", "smollm3", "mllama", "gpt_neox", "olmo2"}
@@ -70,7 +70,7 @@ class LayerInfo:
 
 
 @dataclass
-class ModelLayout:
+class ArchitectureSpec:
     """The attention layout of a model as observed through the capture entry point.
 
     Attributes
@@ -203,7 +203,7 @@ def _family(model) -> tuple[str, bool]:
     return family, top in _VERIFIED_MODEL_TYPES and text in _VERIFIED_TEXT_TYPES
 
 
-def inspect_model(model, *, attn: str = "sdpa", allow_unverified: bool = False) -> ModelLayout:
+def inspect_model(model, *, attn: str = "sdpa", allow_unverified: bool = False) -> ArchitectureSpec:
     """Run a short probe forward through the capture entry point and describe the attention layout.
 
     Parameters
@@ -285,11 +285,11 @@ def inspect_model(model, *, attn: str = "sdpa", allow_unverified: bool = False) 
             "only full-attention layers are captured (thesis 4.1.3)"
         )
     head_dim = head_dims.pop()
-    return ModelLayout(layers, n_q, n_kv, head_dim, family, verified, modules, len(probe.calls),
+    return ArchitectureSpec(layers, n_q, n_kv, head_dim, family, verified, modules, len(probe.calls),
                        rotary_dims=turned.pop() if turned else head_dim, query_scale=scales[0])
 
 
-def layout_from_config(config) -> ModelLayout:
+def architecture_from_config(config) -> ArchitectureSpec:
     """The layout :func:`inspect_model` would observe, predicted from the config alone (no weights, no forward).
 
     Layers listed in ``cross_attention_layers`` are left out, ``layer_types``
@@ -313,5 +313,5 @@ def layout_from_config(config) -> ModelLayout:
         layers.append(LayerInfo(layer, _uses_rope(None, text, layer), not reason, reason))
     n_q = int(text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or int(text.hidden_size) // n_q)
-    return ModelLayout(layers, n_q, kv_heads(text), head_dim, family, verified, {}, len(layers),
+    return ArchitectureSpec(layers, n_q, kv_heads(text), head_dim, family, verified, {}, len(layers),
                        rotary_dims=rotary_dims(text, head_dim))

@@ -35,7 +35,7 @@ from qkplast.capture.corpus import Corpus, Document, WindowStats, describe_polic
 from qkplast.capture.hooks import CAPTURE_ATTN, DELEGATES, UnsupportedModelError, capture_attn_name, register_capture_attention
 from qkplast.capture.hooks import text_decoder
 from qkplast.io import CaptureError, save_capture
-from qkplast.capture.architecture import SUPPORTED_FAMILIES, LayerInfo, ModelLayout, inspect_model
+from qkplast.capture.architecture import SUPPORTED_FAMILIES, LayerInfo, ArchitectureSpec, inspect_model
 from qkplast.options import CaptureOptions
 from qkplast._version import package_versions
 from qkplast.capture.resume import PartStore, check_output, output_lock
@@ -48,7 +48,7 @@ __all__ = [
     "SUPPORTED_FAMILIES",
     "UnsupportedModelError",
     "LayerInfo",
-    "ModelLayout",
+    "ArchitectureSpec",
     "HeadPlan",
     "capture_attn_name",
     "register_capture_attention",

@@ -5,7 +5,7 @@ and the corpus (tokenized, not run), and predicts
 
 * the windows the corpus yields for the options (:func:`qkplast.capture.corpus.count_windows`);
 * the heads sampled: the layout predicted from the config
-  (:func:`qkplast.capture.architecture.layout_from_config`) and the same draw as the capture
+  (:func:`qkplast.capture.architecture.architecture_from_config`) and the same draw as the capture
   (:func:`qkplast.capture.sampling.sample_heads`);
 * the expected peak memory of the capture's forward pass:
   ``weights + activation bytes per token x seq_len``, where
@@ -411,7 +411,7 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
         Print it for the table; :meth:`CapturePlan.check` raises when it cannot run.
     """
     from qkplast.capture.corpus import open_corpus_for
-    from qkplast.capture.architecture import layout_from_config
+    from qkplast.capture.architecture import architecture_from_config
     from qkplast.capture.models import MULTI_GPU, ModelError, check_seq_len, load_config, resolve_dtype, tokenizer_for
     from qkplast.capture.sampling import sample_heads
 
@@ -424,7 +424,7 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
         length_problem = None
     except ModelError as exc:
         length_problem = str(exc)
-    layout = layout_from_config(config)
+    layout = architecture_from_config(config)
     heads = sample_heads(layout, options.heads, options.seed)
     windows = None
     if count:

@@ -77,7 +77,7 @@ class WindowRecorder:
 
     Parameters
     ----------
-    layout : qkplast.capture.architecture.ModelLayout
+    layout : qkplast.capture.architecture.ArchitectureSpec
     plan : qkplast.capture.sampling.HeadPlan
     positions : numpy.ndarray
         Sorted sampled positions of this window.

@@ -25,7 +25,7 @@ import numpy as np
 from qkplast.io import CaptureError
 
 if TYPE_CHECKING:
-    from qkplast.capture.architecture import ModelLayout
+    from qkplast.capture.architecture import ArchitectureSpec
 
 __all__ = ["HeadPlan", "sample_heads", "sample_positions"]
 
@@ -46,7 +46,7 @@ class HeadPlan:
         return len(self.layer)
 
 
-def sample_heads(layout: ModelLayout, heads: int | None = 300, seed: int = 0) -> HeadPlan:
+def sample_heads(layout: ArchitectureSpec, heads: int | None = 300, seed: int = 0) -> HeadPlan:
     """Sample ``heads`` query heads uniformly over (eligible layer, q_head) pairs (thesis 4.1.3).
 
     ``numpy.random.default_rng(seed).choice`` draws without replacement from the

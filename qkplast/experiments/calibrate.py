@@ -23,7 +23,7 @@ import xarray as xr
 
 from qkplast._torch import to_numpy
 from qkplast.capture.hooks import attention_transform, text_decoder
-from qkplast.experiments.intervene import (CLAMP_MODES, HeadLayout, InterventionError, apply_clamp, heads_by_layer, clamp_tensors,
+from qkplast.experiments.intervene import (CLAMP_MODES, AttentionModules, InterventionError, apply_clamp, heads_by_layer, clamp_tensors,
                         metrics_head_index)
 
 __all__ = ["calibrate_clamp", "calibrate_and_capture", "calibrating", "capture_windows"]
@@ -189,7 +189,7 @@ def calibrating(model, metrics: xr.Dataset, heads, positions, mode: str = "query
     """
     if mode not in CLAMP_MODES:
         raise InterventionError(f"clamp mode must be one of {CLAMP_MODES}, got {mode!r}")
-    layout = HeadLayout(model)
+    layout = AttentionModules(model)
     heads = layout.check(heads)
     index = metrics_head_index(metrics, layout)
     w = torch.as_tensor(np.asarray(positions), dtype=torch.float64)  # [batch, seq]

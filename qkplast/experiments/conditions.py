@@ -27,8 +27,6 @@ with Holm's correction across the conditions.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import time
 from dataclasses import replace
@@ -41,7 +39,13 @@ import xarray as xr
 
 from qkplast.analysis.decompose import PARTS
 from qkplast.capture.hooks import attention_transform
+from qkplast.io import validate_capture
 from qkplast.options import AnalysisOptions, CaptureOptions
+from qkplast.rundir import cached
+
+#: Version of the condition captures cached under ``RUN/conditions/``: bump it when a condition's capture
+#: changes, so a run recomputes it instead of reusing a stale one.
+SCHEMA_VERSION = 2
 
 QUANTITIES = ("ap_drop",) + PARTS
 
@@ -145,7 +149,7 @@ def _documents(tokens: dict, tokenizer, start: int, prefix: str = ""):
 
 
 def condition_grid(seq_len: int, rope_factors, window_lengths, sinks, mask_k: int, offset: int) -> dict[str, dict]:
-    """Condition name -> its settings (``seq_len``, ``rope``, ``start``, ``bos``, ``mask_k``, ``all_positions``).
+    """Content-decay condition name -> its settings (``seq_len``, ``rope``, ``start``, ``bos``, ``mask_k``, ``all_positions``).
 
     ``all_positions`` is the baseline captured at every position of every bucket, from which
     :func:`reseeded_captures` cuts the baseline as any other seed would sample it: the null.
@@ -192,9 +196,7 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
     capture would take; the tokens are checked) instead of a forward pass.
     """
     from qkplast.capture.corpus import open_corpus_for
-    from qkplast.capture.driver import capture as capture_into
     from qkplast.capture.models import load_for, quiet_transformers
-    from qkplast.io import open_capture, save_capture
 
     run = capture or CaptureOptions()
     offset = seq_len // 2 if offset is None else int(offset)
@@ -205,55 +207,58 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
     if run.tokenizer is not None:  # only when set, so the cache keys of runs with the model's own stay as they were
         settings["tokenizer"] = run.tokenizer
     folder = Path(run_dir) / "conditions"
-    folder.mkdir(parents=True, exist_ok=True)
+    max_len = max(c["seq_len"] + c["start"] for c in grid.values())
+    model = {}  # loaded on the first condition that is neither cached nor cut from ``reuse``
 
-    def path_of(name, spec):
-        key = json.dumps({**settings, **spec, "max_len": max(c["seq_len"] + c["start"] for c in grid.values())},
-                         sort_keys=True)
-        return folder / f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}.nc"
+    def make(name: str, spec: dict) -> xr.Dataset:
+        if not model:
+            model["loaded"] = load_for(run)
+            need = max_len + 16  # margin: decode + re-encode may merge a few tokens
+            model["tokens"] = select_documents(open_corpus_for(run), model["loaded"].tokenizer, docs, need)
+        loaded, tokens = model["loaded"], model["tokens"]
+        resolved = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")  # "auto" as loaded
+        cut = _cut_from(reuse, spec, {**settings, "dtype": resolved}, tokens)
+        if cut is not None:
+            cut.attrs["condition"], cut.attrs["condition_settings"] = name, spec
+            return validate_capture(cut)
+        t0 = time.perf_counter()
+        cap = _condition_capture(loaded, tokens, spec, replace(run, heads=heads, seed=seed, docs=docs, short_docs="skip",
+                                                               min_per_bucket=0), samples_per_bucket, progress)
+        cap.attrs.update(condition=name, condition_settings=spec, capture_seconds=round(time.perf_counter() - t0, 2))
+        return validate_capture(cap)
 
-    out, seconds, loaded, tokens = {}, {}, None, None
+    out, seconds = {}, {}
     with quiet_transformers():  # weight-loading bars would make the notebook output machine-dependent
         for name, spec in grid.items():
-            path = path_of(name, spec)
-            if path.exists():
-                out[name], seconds[name] = open_capture(path), 0.0
-                continue
-            if loaded is None:
-                loaded = load_for(run)
-                need = max(c["seq_len"] + c["start"] for c in grid.values()) + 16  # margin: decode + re-encode may merge a few tokens
-                tokens = select_documents(open_corpus_for(run),
-                                          loaded.tokenizer, docs, need)
-            t0 = time.perf_counter()
-            resolved = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")  # "auto" as loaded
-            cut = _cut_from(reuse, spec, {**settings, "dtype": resolved}, tokens)
-            if cut is not None:
-                cut.attrs["condition"], cut.attrs["condition_settings"] = name, spec
-                save_capture(cut, path, overwrite=True)
-                out[name], seconds[name] = cut, 0.0
-                continue
-            prefix = loaded.tokenizer.bos_token if spec["bos"] else ""
-            if spec["bos"] and not prefix:
-                raise ValueError(f"the tokenizer of {run.model} has no BOS token; drop 'bos' from the sink conditions")
-            documents = _documents(tokens, loaded.tokenizer, spec["start"], prefix)
-            with contextlib.ExitStack() as stack:
-                if spec["rope"] != 1.0:
-                    stack.enter_context(rope_base_scaled(loaded.model, spec["rope"]))
-                if spec["mask_k"]:
-                    stack.enter_context(first_keys_masked(loaded.model, spec["mask_k"]))
-                bucket = spec["seq_len"] // 16
-                options = replace(run, seq_len=spec["seq_len"], bucket_size=bucket,
-                                  samples_per_bucket=float(bucket) if spec["all_positions"] else samples_per_bucket,
-                                  heads=heads, seed=seed, docs=docs, short_docs="skip", min_per_bucket=0)
-                cap = capture_into(loaded.model, loaded.tokenizer, documents, None, options, progress=progress,
-                                   model_info=loaded.info)
-            if spec["mask_k"]:  # masked keys cannot win: they leave the analysis as keys (and as queries)
-                cap = cap.isel(sample=np.flatnonzero(cap.position.values >= spec["mask_k"]))
-            cap.attrs["condition"] = name
-            cap.attrs["condition_settings"] = spec
-            save_capture(cap, path, overwrite=True)
-            out[name], seconds[name] = cap, round(time.perf_counter() - t0, 2)
+            made = []
+            key = {**settings, **spec, "max_len": max_len, "schema": SCHEMA_VERSION}
+            out[name] = validate_capture(cached(folder, name, key, lambda: made.append(name) or make(name, spec)))
+            seconds[name] = float(out[name].attrs.get("capture_seconds", 0.0)) if made else 0.0
     return out, seconds
+
+
+def _condition_capture(loaded, tokens: dict, spec: dict, base: CaptureOptions, samples_per_bucket: float,
+                       progress: bool) -> xr.Dataset:
+    """One condition's capture: its documents (start, BOS), its RoPE base and key mask applied while capturing."""
+    from qkplast.capture.driver import capture as capture_into
+
+    prefix = loaded.tokenizer.bos_token if spec["bos"] else ""
+    if spec["bos"] and not prefix:
+        raise ValueError(f"the tokenizer of {base.model} has no BOS token; drop 'bos' from the sink conditions")
+    documents = _documents(tokens, loaded.tokenizer, spec["start"], prefix)
+    with contextlib.ExitStack() as stack:
+        if spec["rope"] != 1.0:
+            stack.enter_context(rope_base_scaled(loaded.model, spec["rope"]))
+        if spec["mask_k"]:
+            stack.enter_context(first_keys_masked(loaded.model, spec["mask_k"]))
+        bucket = spec["seq_len"] // 16
+        options = replace(base, seq_len=spec["seq_len"], bucket_size=bucket,
+                          samples_per_bucket=float(bucket) if spec["all_positions"] else samples_per_bucket)
+        cap = capture_into(loaded.model, loaded.tokenizer, documents, None, options, progress=progress,
+                           model_info=loaded.info)
+    if spec["mask_k"]:  # masked keys cannot win: they leave the analysis as keys (and as queries)
+        cap = cap.isel(sample=np.flatnonzero(cap.position.values >= spec["mask_k"]))
+    return cap
 
 
 def _cut_from(reuse: xr.Dataset | None, spec: dict, settings: dict, tokens: dict) -> xr.Dataset | None:

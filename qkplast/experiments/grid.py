@@ -34,11 +34,12 @@ from qkplast.experiments.behavior import CopyDesign, copy_cells
 from qkplast.experiments.calibrate import calibrate_clamp, capture_windows
 from qkplast.experiments.intervene import InterventionError, ablate_heads, clamp_bias, select_heads
 from qkplast.options import CaptureOptions
+from qkplast.rundir import cached
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.stats.intervals import t_interval
 from qkplast.stats.decision import holm, verdict
 
-__all__ = ["Condition", "conditions", "format_heads", "parse_heads", "matched_random_heads", "run_grid", "cell_effects",
+__all__ = ["Intervention", "interventions", "format_heads", "parse_heads", "matched_random_heads", "run_grid", "cell_effects",
            "effect_table", "readings", "null_position", "manipulation_checks", "geometry_at_copies",
            "geometry_plan", "geometry_documents", "plot_cells", "plot_effects", "plot_null",
            "load_or_geometry", "load_or_run_grid", "load_or_calibrate", "load_or_manipulation_checks", "READINGS", "NO_EFFECT_MARGIN"]
@@ -73,7 +74,7 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
 
 
 @dataclass
-class Condition:
+class Intervention:
     """One intervention of the grid.
 
     ``kind`` is one of "none", "lowest", "highest", "null lowest", "null highest", "clamp key", "clamp query";
@@ -118,19 +119,19 @@ def matched_random_heads(metrics: xr.Dataset, heads, n_sets: int, seed=0) -> lis
     return out
 
 
-def conditions(metrics: xr.Dataset, ks: Sequence[int], n_null: int, seed: int = 0) -> list[Condition]:
+def interventions(metrics: xr.Dataset, ks: Sequence[int], n_null: int, seed: int = 0) -> list[Intervention]:
     """The grid's conditions; the null sets of kind ``K`` for ``k`` use :func:`matched_random_heads` with seed
     ``[seed, k, 0 (lowest) or 1 (highest)]``. A ``k`` beyond the model's heads is capped there."""
-    out = [Condition("none")]
+    out = [Intervention("none")]
     finite_bias = metrics.isel(head=np.isfinite(metrics["axis_a"].values).all(-1))
     for k in sorted({min(int(k), metrics.sizes["head"]) for k in ks}):
         for j, kind in enumerate(("lowest", "highest")):
             heads = select_heads(metrics, k, ABLATE_BY, largest=kind == "highest")
-            out.append(Condition(kind, k, heads=heads))
-            out += [Condition(f"null {kind}", k, r, h, (0,))
+            out.append(Intervention(kind, k, heads=heads))
+            out += [Intervention(f"null {kind}", k, r, h, (0,))
                     for r, h in enumerate(matched_random_heads(metrics, heads, n_null, [seed, k, j]))]
         top = select_heads(finite_bias, min(k, finite_bias.sizes["head"]), CLAMP_BY, largest=True, absolute=True)
-        out += [Condition("clamp key", k, heads=top), Condition("clamp query", k, heads=top)]
+        out += [Intervention("clamp key", k, heads=top), Intervention("clamp query", k, heads=top)]
     return out
 
 
@@ -144,7 +145,7 @@ def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesi
     """
     from tqdm.auto import tqdm
 
-    conds = conditions(metrics, ks, n_null, seed)
+    conds = interventions(metrics, ks, n_null, seed)
     parts = []
     for cond in tqdm(conds, desc="conditions", disable=not progress):
         with cond.context(model, metrics, calibrated):
@@ -409,7 +410,7 @@ def calibrate_clamps(model, tokenizer, documents, capture: xr.Dataset, metrics: 
     chosen = [doc for doc in documents if doc.id in set(calibration_docs)]
     ids, mask = capture_windows(tokenizer, chosen, options)
     return {(c.mode, c.k): calibrate_clamp(model, metrics, c.heads, ids, mode=c.mode, positions=mask)
-            for c in conditions(metrics, ks, 0, seed) if c.mode}
+            for c in interventions(metrics, ks, 0, seed) if c.mode}
 
 
 # --------------------------------------------------------------------------- figures
@@ -475,27 +476,9 @@ def plot_effects(table: pd.DataFrame):
     return fig
 
 
-def _digest(key: dict) -> str:
-    import hashlib
-    import json
-
-    return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
-def _cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
-    """``RUN/STEM-<hash of key>.nc`` if it exists, else ``compute()`` saved there (so a re-execution is cheap)."""
-    import json
-    from pathlib import Path
-
-    from qkplast.io import open_dataset, save_dataset
-
-    path = Path(run_dir) / f"{stem}-{_digest(key)}.nc"
-    if path.exists():
-        return open_dataset(path)
-    ds = compute()
-    ds.attrs["key"] = json.dumps(key, sort_keys=True, default=str)
-    save_dataset(ds, path, overwrite=True)
-    return ds
+#: Version of the products this module caches in a run directory (grid, calibration, manipulation checks,
+#: geometry capture): bump it when one of them changes, so a run recomputes it instead of reusing a stale one.
+SCHEMA_VERSION = 2
 
 
 def _metrics_key(metrics: xr.Dataset) -> dict:
@@ -518,12 +501,15 @@ def load_or_geometry(run_dir, model, tokenizer, documents, options: CaptureOptio
     from qkplast.analysis.metrics import analyze
     from qkplast.capture.driver import capture as run_capture
 
-    key = {"capture": options.to_dict(), "model": str(getattr(model.config, "_name_or_path", ""))}
-    cap = _cached(run_dir, "interventions-geometry-capture", key,
+    from qkplast.analysis.metrics import SCHEMA_VERSION as METRICS_SCHEMA
+
+    key = {"capture": options.to_dict(), "model": str(getattr(model.config, "_name_or_path", "")), "schema": SCHEMA_VERSION}
+    cap = cached(run_dir, "interventions-geometry-capture", key,
                   lambda: run_capture(model, tokenizer, documents, options=options, progress=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 has no earlier keys, as in the run
-        metrics = _cached(run_dir, "interventions-geometry-metrics", {**key, "analysis": analysis},
+        metrics = cached(run_dir, "interventions-geometry-metrics", {**key, "analysis": analysis,
+                                                                     "metrics_schema": METRICS_SCHEMA},
                           lambda: analyze(cap, **analysis))
     return cap, metrics
 
@@ -534,15 +520,16 @@ def load_or_run_grid(run_dir, model, tokenizer, windows, metrics: xr.Dataset, *,
     key = {"metrics": _metrics_key(metrics), "grid": {k: (v.__dict__ if isinstance(v, CopyDesign) else v)
                                                       for k, v in params.items()},
            "windows": [int(np.asarray(w, dtype=np.int64).sum() % (2**31)) for w in windows],
-           "calibrated": _calibration_key(calibrated)}
-    return _cached(run_dir, "interventions", key,
+           "calibrated": _calibration_key(calibrated), "schema": SCHEMA_VERSION}
+    return cached(run_dir, "interventions", key,
                    lambda: run_grid(model, tokenizer, windows, metrics, calibrated=calibrated, **params))
 
 
 def load_or_calibrate(run_dir, model, tokenizer, documents, capture: xr.Dataset, metrics: xr.Dataset, *,
                       ks: Sequence[int], calibration_docs: Sequence[str], seed: int = 0) -> dict:
     """:func:`calibrate_clamps`, cached in ``run_dir``: the calibrated variables of every (mode, k) in one file."""
-    key = {"metrics": _metrics_key(metrics), "calibration": {"ks": list(ks), "docs": list(calibration_docs), "seed": seed}}
+    key = {"metrics": _metrics_key(metrics), "calibration": {"ks": list(ks), "docs": list(calibration_docs), "seed": seed},
+           "schema": SCHEMA_VERSION}
 
     def compute():
         cal = calibrate_clamps(model, tokenizer, documents, capture, metrics, ks=ks, calibration_docs=calibration_docs,
@@ -554,7 +541,7 @@ def load_or_calibrate(run_dir, model, tokenizer, documents, capture: xr.Dataset,
             coords={"clamp_mode": ("clamp", [m for m, _ in labels]), "clamp_k": ("clamp", [k for _, k in labels])},
             attrs={"calibration": [cal[c].attrs["clamp_calibration"] for c in labels]})
 
-    ds = _cached(run_dir, "clamp-calibration", key, compute)
+    ds = cached(run_dir, "clamp-calibration", key, compute)
     out = {}
     for i, (mode, k) in enumerate(zip(ds.clamp_mode.values, ds.clamp_k.values)):
         one = metrics.copy()
@@ -569,7 +556,8 @@ def load_or_manipulation_checks(run_dir, model, tokenizer, documents, capture: x
                                 *, calibrated: dict, check_docs: Sequence[str], analysis: dict | None = None) -> pd.DataFrame:
     """:func:`manipulation_checks`, cached in ``run_dir`` like :func:`load_or_run_grid`."""
     key = {"metrics": _metrics_key(metrics), "heads": [list(h) for h in heads], "check_docs": list(check_docs),
-           "analysis": analysis, "calibrated": {m: c.attrs.get("clamp_calibration") for m, c in sorted(calibrated.items())}}
+           "analysis": analysis, "calibrated": {m: c.attrs.get("clamp_calibration") for m, c in sorted(calibrated.items())},
+           "schema": SCHEMA_VERSION}
 
     def compute():
         table = manipulation_checks(model, tokenizer, documents, capture, metrics, heads, calibrated=calibrated,
@@ -578,5 +566,5 @@ def load_or_manipulation_checks(run_dir, model, tokenizer, documents, capture: x
         ds.attrs["table_columns"] = list(table.columns)
         return ds
 
-    ds = _cached(run_dir, "clamp-manipulation", key, compute)
+    ds = cached(run_dir, "clamp-manipulation", key, compute)
     return pd.DataFrame({c: ds[f"table_{i}"].values for i, c in enumerate(ds.attrs["table_columns"])})

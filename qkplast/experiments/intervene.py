@@ -53,7 +53,7 @@ from qkplast.capture.hooks import attention_transform, text_decoder
 
 __all__ = [
     "InterventionError",
-    "HeadLayout",
+    "AttentionModules",
     "ablate_heads",
     "head_mean_outputs",
     "clamp_bias",
@@ -69,7 +69,7 @@ class InterventionError(QkplastError):
     """An intervention cannot be applied as asked (the message names the fix)."""
 
 
-class HeadLayout:
+class AttentionModules:
     """Attention modules of a model by layer, with the head counts the hooks need.
 
     Attributes
@@ -144,7 +144,7 @@ def _fill_pre_hook(q_heads: list[int], head_dim: int, fill: torch.Tensor | None)
     return hook
 
 
-def _as_mean_tensor(reference, layout: HeadLayout) -> torch.Tensor:
+def _as_mean_tensor(reference, layout: AttentionModules) -> torch.Tensor:
     if isinstance(reference, xr.DataArray):
         reference = reference.values
     ref = torch.as_tensor(np.asarray(reference, dtype=np.float64))
@@ -182,7 +182,7 @@ def head_mean_outputs(model, windows: Iterable, *, batch_size: int = 1) -> xr.Da
     xarray.DataArray
         Dims ``layer, q_head, dim``.
     """
-    layout = HeadLayout(model)
+    layout = AttentionModules(model)
     rows = [np.asarray(getattr(w, "input_ids", w), dtype=np.int64) for w in windows]
     if not rows:
         raise InterventionError("head_mean_outputs needs at least one reference window")
@@ -240,7 +240,7 @@ def ablate_heads(model, heads, mode: str = "zero", reference=None):
     """
     if mode not in ABLATION_MODES:
         raise InterventionError(f"ablation mode must be one of {ABLATION_MODES}, got {mode!r}")
-    layout = HeadLayout(model)
+    layout = AttentionModules(model)
     heads = layout.check(heads)
     if mode == "zero" and reference is not None:
         raise InterventionError("reference is only used with mode='mean'; drop it or pass mode='mean'")
@@ -264,7 +264,7 @@ def ablate_heads(model, heads, mode: str = "zero", reference=None):
 # --------------------------------------------------------------------------- clamp
 
 
-def metrics_head_index(metrics: xr.Dataset, layout: HeadLayout) -> dict[tuple[int, int], int]:
+def metrics_head_index(metrics: xr.Dataset, layout: AttentionModules) -> dict[tuple[int, int], int]:
     """``(layer, q_head) -> index`` of ``metrics``, after checking that they describe this model."""
     for name in ("axis_a", "alpha_k", "layer", "q_head", "kv_head"):
         if name not in metrics.variables:
@@ -287,7 +287,7 @@ def metrics_head_index(metrics: xr.Dataset, layout: HeadLayout) -> dict[tuple[in
     return {(int(lay), int(h)): i for i, (lay, h) in enumerate(zip(layer, q_head))}
 
 
-def clamp_tensors(metrics: xr.Dataset, heads, index, layout: HeadLayout):
+def clamp_tensors(metrics: xr.Dataset, heads, index, layout: AttentionModules):
     """Per layer: query heads with axes ``[m, d]``; key heads with drift vectors ``[g, d]`` (float64)."""
     missing = [h for h in heads if h not in index]
     if missing:
@@ -352,7 +352,7 @@ def apply_clamp(query, key, entry, mode: str, value: float, t0: float):
     return query, key
 
 
-def _clamp_transform(layout: HeadLayout, per_layer: dict, mode: str, value: float, t0: float):
+def _clamp_transform(layout: AttentionModules, per_layer: dict, mode: str, value: float, t0: float):
     layer_of = {id(m): layer for layer, m in layout.modules.items()}
 
     def transform(module, query, key, v, mask, kwargs):
@@ -395,7 +395,7 @@ def clamp_bias(model, metrics: xr.Dataset, heads, mode: str = "query", *, value:
     """
     if mode not in CLAMP_MODES:
         raise InterventionError(f"clamp mode must be one of {CLAMP_MODES}, got {mode!r}")
-    layout = HeadLayout(model)
+    layout = AttentionModules(model)
     heads = layout.check(heads)
     index = metrics_head_index(metrics, layout)
     if not heads:

@@ -367,12 +367,6 @@ class Run:
         """Bootstrap over documents with the run's analysis options (cached in the run directory)."""
         return load_or_bootstrap(self.dir, self.capture, self.analysis, n_boot)
 
-    @property
-    def analysis_overrides(self) -> dict:
-        """The analysis options that differ from the defaults, without ``seed`` (for functions taking keywords)."""
-        default = AnalysisOptions().to_dict()
-        return {k: v for k, v in self.analysis.to_dict().items() if k != "seed" and v != default[k]}
-
     def on_corpus(self, corpus: str, subdir: str = CODE_DIR) -> "Run":
         """The same capture and analysis settings on another corpus, in ``RUN/<subdir>``."""
         return _open_run(self.dir / subdir, replace(self.options, corpus=corpus), self.analysis)

@@ -35,7 +35,7 @@ import xarray as xr
 from qkplast._torch import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import plasticity_layout, query_model, rotate
+from qkplast.analysis.plasticity import pair_plan, query_model, rotate
 from qkplast.stats.decision import null_verdict
 
 SUMMARIES = ("median", "q05", "q95", "spread")
@@ -77,7 +77,7 @@ class _Setup:
                                           semantic_stats="per_bucket")
         capture = analysis_vectors(capture, opt)
         dev = resolve_device(opt.device)
-        lay = plasticity_layout(capture, opt, dev, warn=False)
+        lay = pair_plan(capture, opt, dev, warn=False)
         _, qr, kr = rotate(as_f64(capture["q"], dev), as_f64(capture["k"], dev), lay.t)
         self.model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
         self.ok_bucket = torch.as_tensor(lay.counts >= opt.min_bucket_samples, device=dev)

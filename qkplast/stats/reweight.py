@@ -45,7 +45,7 @@ from qkplast._torch import as_f64, resolve_device
 from qkplast.analysis.linalg import householder_vector
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import bucket_weights, edge_masks, plasticity_layout
+from qkplast.analysis.plasticity import bucket_weights, edge_masks, pair_plan
 
 _SQRT1_2 = 1 / math.sqrt(2)
 #: the model-level statistics of a replicate, in this order
@@ -255,7 +255,7 @@ def reweighted_statistics(capture: xr.Dataset, weights: np.ndarray, options: Ana
                          "positional_fit='global', query_position='midpoint', pair_docs='same'; "
                          "use bootstrap(..., method='exact') for other options")
     dev = resolve_device(opt.device)
-    lay = plasticity_layout(capture, opt, dev, warn=False)
+    lay = pair_plan(capture, opt, dev, warn=False)
     _, doc_code = np.unique(capture.doc.values, return_inverse=True)
     n_doc = int(doc_code.max()) + 1
     weights = np.asarray(weights, dtype=float)

@@ -492,14 +492,14 @@ def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
     from qkplast.analysis.linalg import householder_apply, householder_vector
     from qkplast.analysis.views import analysis_vectors
     from qkplast.options import AnalysisOptions
-    from qkplast.analysis.plasticity import plasticity_layout, query_model
+    from qkplast.analysis.plasticity import pair_plan, query_model
     from qkplast.analysis.moments import slope
 
     opt = AnalysisOptions.from_kwargs(None, **options)
     capture = analysis_vectors(capture, opt)
     dev = resolve_device(opt.device)
     sub = capture if heads is None else capture.isel(head=np.atleast_1d(np.arange(capture.sizes["head"])[heads]))
-    lay = plasticity_layout(sub, opt, dev, warn=False)
+    lay = pair_plan(sub, opt, dev, warn=False)
     q, k = as_f64(sub["q"], dev), as_f64(sub["k"], dev)
     u = householder_vector(slope(q, lay.t))
     qr, kr = householder_apply(u, q), householder_apply(u, k)

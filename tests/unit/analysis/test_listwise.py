@@ -8,7 +8,7 @@ import torch
 
 from qkplast.analysis.listwise import draw_sets, listwise, model_draws, winner_plasticity
 from qkplast.options import AnalysisOptions
-from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, plasticity, plasticity_layout
+from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, plasticity, pair_plan
 from qkplast.theory.planted import planted_capture
 
 
@@ -49,7 +49,7 @@ def test_winner_limits_and_pairwise_formula():
 
 def test_sets_follow_the_pairwise_rules(planted):
     opt = AnalysisOptions()
-    fit = plasticity_layout(planted, opt, torch.device("cpu"), warn=False)
+    fit = pair_plan(planted, opt, torch.device("cpu"), warn=False)
     bucket, doc = planted.bucket.values, planted.doc.values
     idx, mask = draw_sets(planted, fit, opt, 8, 32, np.random.default_rng(0))
     for qb in (3, 9, 15):

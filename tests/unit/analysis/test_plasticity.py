@@ -211,14 +211,14 @@ def test_pair_statistics_reproduce_ap_and_isolate_the_independence_assumption(ga
 @pytest.mark.parametrize("covariance", ["diagonal", "full", "joint"])
 def test_fast_closed_form_matches_the_materialising_reference(gaussian, covariance):
     """pair_closed_form never forms delta; the straightforward eqs. 4.11-4.14 on delta agree to rounding."""
-    from qkplast.analysis.plasticity import closed_form, closed_form_kernel, pair_moments, plasticity_layout
+    from qkplast.analysis.plasticity import closed_form, closed_form_kernel, pair_moments, pair_plan
 
     cap = gaussian[0]
     kw = {"covariance": covariance, "n_pairs": 64}
     if covariance == "joint":
         kw["positional_fit"] = "per_bucket"
     opt = AnalysisOptions(**kw)
-    lay = plasticity_layout(cap, opt, torch.device("cpu"), warn=False)
+    lay = pair_plan(cap, opt, torch.device("cpu"), warn=False)
     q, k = torch.as_tensor(cap.q.values), torch.as_tensor(cap.k.values)
     qr, kr, model, pp = closed_form(q, k, lay.t, lay.onehot, lay.tau, lay.pi, lay.pj, opt)
     delta = kr[:, lay.pi] - kr[:, lay.pj]
@@ -237,12 +237,12 @@ def test_fast_closed_form_matches_the_materialising_reference(gaussian, covarian
 def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_buckets():
     """analyze()'s fused kernel: closed form to rounding, Monte Carlo signs exactly, ties (identical keys) half."""
     from qkplast.analysis.plasticity import (closed_form_kernel, monte_carlo_kernel, pair_differences, pair_kernel,
-                                    plasticity_layout, query_model, rotate)
+                                    pair_plan, query_model, rotate)
 
     cap, _ = planted_capture(n_heads=3, dim=16, n_docs=8, samples_per_bucket=6, seed=4)
     cap = cap.isel(sample=np.flatnonzero(np.arange(cap.sizes["sample"]) % 7 != 3))  # uneven buckets: padding rows
     opt = AnalysisOptions(n_pairs=64)
-    lay = plasticity_layout(cap, opt, torch.device("cpu"), warn=False)
+    lay = pair_plan(cap, opt, torch.device("cpu"), warn=False)
     assert not bool(lay.qmask.all())
     q, k = torch.as_tensor(cap.q.values, dtype=torch.float64), torch.as_tensor(cap.k.values, dtype=torch.float64)
     _, qr, kr = rotate(q, k, lay.t)
@@ -280,10 +280,10 @@ def test_prefix_pair_weights_follow_definition_4_3(gaussian):
     uni, pre = run(cap, n_pairs=64), run(cap, n_pairs=64, pair_weight="prefix")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from qkplast.analysis.plasticity import closed_form, plasticity_layout
+        from qkplast.analysis.plasticity import closed_form, pair_plan
 
         opt = AnalysisOptions(n_pairs=64)
-        lay = plasticity_layout(cap, opt, torch.device("cpu"), warn=False)
+        lay = pair_plan(cap, opt, torch.device("cpu"), warn=False)
         pp = closed_form(torch.as_tensor(cap.q.values), torch.as_tensor(cap.k.values), lay.t, lay.onehot, lay.tau,
                          lay.pi, lay.pj, opt)[3].numpy()
     want = np.nansum(pp[:, b] * w[b], -1) / w[b].sum()

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from qkplast.capture.driver import (
     LayerInfo,
-    ModelLayout,
+    ArchitectureSpec,
     UnsupportedModelError,
     capture,
     inspect_model,
@@ -243,7 +243,7 @@ def test_gqa_mapping_and_shared_keys(tokenizer):
 
 def _layout(n_layers=10, n_q=8, n_kv=2, excluded=()):
     layers = [LayerInfo(i, i % 4 != 3, i not in excluded, "sliding" if i in excluded else "") for i in range(n_layers)]
-    return ModelLayout(layers, n_q, n_kv, 16, "llama", True, {})
+    return ArchitectureSpec(layers, n_q, n_kv, 16, "llama", True, {})
 
 
 def test_head_sampling_follows_the_documented_draw():

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import transformers as T
 
-from qkplast.capture.architecture import inspect_model, layout_from_config
+from qkplast.capture.architecture import inspect_model, architecture_from_config
 from qkplast.capture.plan import live_elements_per_token
 from tests.helpers import QWEN3_8B, tiny_model
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "ministral", "mistral-swa", "smollm3", "mllama", "mistral3"])
-def test_layout_from_config_predicts_the_probe(family):
+def test_architecture_from_config_predicts_the_probe(family):
     model = tiny_model(family)
-    predicted = layout_from_config(model.config)
+    predicted = architecture_from_config(model.config)
     if family == "mistral-swa":  # every layer sliding: the probe refuses, the prediction has none eligible
         assert predicted.eligible_layers == []
         return

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from qkplast.capture.architecture import LayerInfo, ModelLayout
+from qkplast.capture.architecture import LayerInfo, ArchitectureSpec
 from qkplast.capture.recorder import DeviceIndexCache, NonFiniteCaptureError, WindowRecorder
 from qkplast.capture.sampling import sample_heads
 
 
 def _layout(modules):
     layers = [LayerInfo(0, True, True), LayerInfo(1, True, True)]
-    return ModelLayout(layers, 4, 2, 8, "llama", True, modules)
+    return ArchitectureSpec(layers, 4, 2, 8, "llama", True, modules)
 
 
 def test_index_cache_makes_one_copy_per_device_keyed_by_the_device():
