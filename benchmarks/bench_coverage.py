@@ -65,7 +65,7 @@ def truth(args) -> dict[str, float]:
     """A world's quantities from one capture of ``n_docs`` documents with key-pair draw ``seed``."""
     world, n_docs, seed = args
     _quiet()
-    from qkplast.analysis.decompose import model_level_parts
+    from qkplast.analysis.decompose import model_level_terms
     from qkplast.options import AnalysisOptions
     from qkplast.stats.bootstrap import model_level
     from qkplast.theory.planted import planted_capture
@@ -73,7 +73,7 @@ def truth(args) -> dict[str, float]:
     cap, _ = planted_capture(n_docs=n_docs, seed=10**6, **WORLDS[world])
     opt = AnalysisOptions(seed=seed)
     row = model_level(cap, opt)
-    row.update({f"{k} (parts)": v for k, v in model_level_parts(cap, opt).items()})
+    row.update({f"{k} (parts)": v for k, v in model_level_terms(cap, opt).items()})
     return {"world": world, **row}
 
 
@@ -81,7 +81,7 @@ def one_replicate(args) -> list[dict]:
     """Every method's interval for one capture of ``n_docs`` documents (replicate ``r``)."""
     world, n_docs, r, n_boot, parts_only = args
     _quiet()
-    from qkplast.analysis.decompose import model_level_parts
+    from qkplast.analysis.decompose import model_level_terms
     from qkplast.options import AnalysisOptions
     from qkplast.stats.bootstrap import bootstrap, document_interval
     from qkplast.stats.intervals import jackknife_t
@@ -99,7 +99,7 @@ def one_replicate(args) -> list[dict]:
     # AP_drop and its parts: a jackknife whose every capture is re-analysed whole (key pairs drawn again), plain and
     # around the bias-corrected estimate (the policy's)
     opt = AnalysisOptions()
-    parts = document_interval(cap, lambda c, pairs=None: [model_level_parts(c, opt, pairs=pairs)[q] for q in PART_QUANTITIES],
+    parts = document_interval(cap, lambda c, pairs=None: [model_level_terms(c, opt, pairs=pairs)[q] for q in PART_QUANTITIES],
                               pairs_of=opt)
     plain = jackknife_t(parts["point"], parts["jackknife"])
     for method, res in (("jackknife-t (re-analysed)", plain), ("bias-corrected jackknife-t (re-analysed)", parts)):
@@ -154,7 +154,8 @@ def main():
                                 sort=False).round(3).to_string())
         return
     truth_jobs = [(w, args.truth_docs, s) for w in worlds for s in range(args.truth_seeds)]
-    jobs = [(w, n, r, args.n_boot, args.parts_only) for n in args.docs for w in worlds for r in range(args.replicates)]
+    # replicate-major order: a run stopped by --deadline leaves every (world, docs) cell with the same count
+    jobs = [(w, n, r, args.n_boot, args.parts_only) for r in range(args.replicates) for n in args.docs for w in worlds]
     truth_file = Path(args.out).with_name("coverage_truth.csv")
     known = pd.read_csv(truth_file) if truth_file.exists() else pd.DataFrame(columns=["world", "truth_docs"])
     known = known[(known.truth_docs == args.truth_docs) & known.world.isin(worlds)]

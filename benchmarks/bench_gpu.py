@@ -77,9 +77,9 @@ CONFIGS = {
              "max_position_embeddings": 32768, "tie_word_embeddings": False},
 }
 #: Notebook grids reduced for the check (each a notebook parameter; the capture is the README's, unchanged).
-REDUCED = {"n_boot": 1000, "n_null": 200, "n_perm": 200, "ks": [5], "n_random": 1, "distances": [256, 4096],
-           "copy_windows": 2, "copy_seq_len": 8192, "geometry_docs": 1, "rope_factors": [2.0], "window_factors": [1],
-           "cond_docs": 2, "check_heads": 30, "training": "smoke"}
+REDUCED = {"n_boot": 1000, "n_null": 8, "n_perm": 200, "ks": [5], "window": 8192, "positions": [4608, 7936],
+           "distances": [256, 4096], "seg_len": 16, "copy_windows": 3, "geometry_docs": 4, "n_reseeds": 19,
+           "rope_factors": [2.0], "window_factors": [1], "cond_docs": 2, "training": "smoke"}
 #: What the GPU machine's image already holds (the device KINDS.md package list), by normalised name.
 ON_THE_GPU = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core

@@ -330,7 +330,7 @@ iv
 prefix = plasticity(capture, seed=seed, pair_weight="prefix")
 weighting = pd.DataFrame({"uniform (estimator)": [float(metrics[n].mean()) for n in names],
                           "prefix (Definition 4.3)": [float(prefix[n].mean()) for n in names]}, index=names)
-prefix_boot = load_or_bootstrap(run_dir, capture, n_boot=n_boot, seed=seed, pair_weight="prefix")
+prefix_boot = load_or_bootstrap(run_dir, capture, AnalysisOptions(seed=seed, pair_weight="prefix"), n_boot)
 drop = prefix_boot.sel(metric="ap_drop")
 n_eff = {w: effective_pairs(capture, seed=seed, pair_weight=w).attrs for w in ("uniform", "prefix")}
 readings.append({"item": "11. AP_drop changes sign under Definition 4.3's weighting (below zero)",

@@ -67,8 +67,8 @@ from qkplast.options import AnalysisOptions
 
 #: counterfactual (P, C) switches, in the order of the ``variant`` axis
 VARIANTS = ((1, 1), (1, 0), (0, 1), (0, 0))
-#: the parts, in the order they are reported; they add up to ap_drop
-PARTS = ("ap_drop_baseline", "ap_drop_bias", "ap_drop_content", "ap_drop_interaction")
+#: the decomposition's terms ("parts" in the pages), in the order they are reported; they add up to ap_drop
+TERMS = ("ap_drop_baseline", "ap_drop_bias", "ap_drop_content", "ap_drop_interaction")
 MEANING = {
     "ap_drop_baseline": "Drop(P=0,C=0): no drift of queries or keys, content statistics at their context average",
     "ap_drop_bias": "Drop(1,0) - Drop(0,0): the mean drifts of queries and keys with position alone, content fixed",
@@ -165,7 +165,7 @@ def drop_of(ap: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
         return np.nanmean(np.where(first, ap, np.nan), -1) - np.nanmean(np.where(last, ap, np.nan), -1)
 
 
-def parts_from_drops(drops: np.ndarray, ap_drop: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def terms_from_drops(drops: np.ndarray, ap_drop: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The four parts from ``Drop(P, C)`` ``[variant, ...]`` (order :data:`VARIANTS`).
 
     ``ap_drop`` (default ``Drop(1, 1)``) is the total the parts add up to: the interaction takes what
@@ -183,9 +183,9 @@ def decomposition_dataset(profiles: np.ndarray, tau: np.ndarray, buckets: np.nda
     """The parts (dim ``head``) and ``ap_counterfactual`` (``head, query_bucket, variant``) from the four
     counterfactual profiles ``[variant, head, bucket]`` (order :data:`VARIANTS`)."""
     first, last = edge_masks(tau, seq_len, opt)
-    parts = parts_from_drops(drop_of(profiles, first, last), ap_drop)
-    ds = xr.Dataset({name: ("head", parts[name]) for name in PARTS})
-    for name in PARTS:
+    parts = terms_from_drops(drop_of(profiles, first, last), ap_drop)
+    ds = xr.Dataset({name: ("head", parts[name]) for name in TERMS})
+    for name in TERMS:
         ds[name].attrs["meaning"] = MEANING[name]
     ds["ap_counterfactual"] = xr.DataArray(
         np.moveaxis(profiles, 0, -1), dims=("head", "query_bucket", "variant"),
@@ -252,7 +252,7 @@ def decompose_drop(capture: xr.Dataset, options: AnalysisOptions | None = None, 
                                  opt, None if ap_drop is None else np.asarray(ap_drop, float))
 
 
-def model_level_parts(capture: xr.Dataset, options: AnalysisOptions | None = None, pairs=None) -> dict[str, float]:
+def model_level_terms(capture: xr.Dataset, options: AnalysisOptions | None = None, pairs=None) -> dict[str, float]:
     """``ap_drop`` and its four parts as means over heads (NaN heads left out): the model-level quantities
     that :mod:`qkplast.stats` puts intervals on (``pairs``: as for :func:`counterfactual_ap`)."""
     d = decompose_drop(capture, options, pairs=pairs)
@@ -261,5 +261,5 @@ def model_level_parts(capture: xr.Dataset, options: AnalysisOptions | None = Non
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         out = {"ap_drop": float(np.nanmean(drop_of(cf, first, last)))}
-        out.update({name: float(np.nanmean(d[name].values)) for name in PARTS})
+        out.update({name: float(np.nanmean(d[name].values)) for name in TERMS})
     return out

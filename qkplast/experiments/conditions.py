@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from qkplast.analysis.decompose import PARTS
+from qkplast.analysis.decompose import TERMS
 from qkplast.capture.hooks import attention_transform
 from qkplast.io import validate_capture
 from qkplast.options import AnalysisOptions, CaptureOptions
@@ -47,7 +47,7 @@ from qkplast.rundir import cached
 #: changes, so a run recomputes it instead of reusing a stale one.
 SCHEMA_VERSION = 2
 
-QUANTITIES = ("ap_drop",) + PARTS
+QUANTITIES = ("ap_drop",) + TERMS
 
 
 # --------------------------------------------------------------------------- interventions
@@ -342,7 +342,7 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
     """
     from tqdm.auto import tqdm
 
-    from qkplast.analysis.decompose import model_level_parts
+    from qkplast.analysis.decompose import model_level_terms
     from qkplast.stats.intervals import jackknife_t
 
     if "baseline" not in captures:
@@ -356,7 +356,7 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
     from qkplast.stats.bootstrap import document_jackknife
 
     opt = options or AnalysisOptions()
-    values = lambda cap, pairs=None: np.array(list(model_level_parts(cap, opt, pairs=pairs).values()))  # noqa: E731
+    values = lambda cap, pairs=None: np.array(list(model_level_terms(cap, opt, pairs=pairs).values()))  # noqa: E731
     est, jack = {}, {}
     for name, cap in tqdm(captures.items(), desc="conditions", disable=not progress):
         est[name] = values(cap)
@@ -387,12 +387,12 @@ def reseed_null(all_positions: xr.Dataset, baseline: xr.Dataset, n: int, options
     """
     from tqdm.auto import tqdm
 
-    from qkplast.analysis.decompose import model_level_parts
+    from qkplast.analysis.decompose import model_level_terms
 
     opt = options or AnalysisOptions()
-    base = np.array(list(model_level_parts(baseline, opt).values()))
+    base = np.array(list(model_level_terms(baseline, opt).values()))
     seeds = int(baseline.attrs["seed"]) + 1 + np.arange(n)
-    rows = [np.array(list(model_level_parts(cap, opt).values())) - base
+    rows = [np.array(list(model_level_terms(cap, opt).values())) - base
             for cap in tqdm(reseeded_captures(all_positions, baseline, seeds), total=n, desc="reseeded", disable=not progress)]
     return pd.DataFrame(rows, columns=list(QUANTITIES), index=pd.Index(seeds, name="seed"))
 

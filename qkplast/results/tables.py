@@ -277,14 +277,14 @@ def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, 
     """AP_drop and its four parts (:mod:`qkplast.analysis.decompose`): means over heads with the policy's interval
     over documents (jackknife-t, each document left out and the capture re-analysed), and the share of heads
     with a positive value."""
-    from qkplast.analysis.decompose import PARTS, model_level_parts
+    from qkplast.analysis.decompose import TERMS, model_level_terms
     from qkplast.stats.bootstrap import document_interval
 
     from qkplast.options import AnalysisOptions
 
-    names = ["ap_drop", *PARTS]
+    names = ["ap_drop", *TERMS]
     opt = options or AnalysisOptions()
-    ci = document_interval(capture, lambda c, pairs=None: [model_level_parts(c, opt, pairs=pairs)[n] for n in names],
+    ci = document_interval(capture, lambda c, pairs=None: [model_level_terms(c, opt, pairs=pairs)[n] for n in names],
                            level, pairs_of=opt)
     out = pd.DataFrame({"mean over heads": ci["point"], "bias-corrected": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
                         f"{int(100 * level)}% hi": ci["hi"],

@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from qkplast.analysis.decompose import PARTS, VARIANTS, decompose_drop, model_level_parts, parts_from_drops
+from qkplast.analysis.decompose import TERMS, VARIANTS, decompose_drop, model_level_terms, terms_from_drops
 from qkplast.analysis.metrics import analyze
 from qkplast.analysis.plasticity import PlasticityWarning, plasticity
 from qkplast.theory.planted import planted_capture
@@ -37,7 +37,7 @@ def drifting():
 def test_parts_add_up_to_ap_drop_exactly(drifting, covariance):
     ap_drop = quiet(plasticity, drifting, covariance=covariance).ap_drop.values
     d = quiet(decompose_drop, drifting, covariance=covariance, ap_drop=ap_drop)
-    total = sum(d[name] for name in PARTS)
+    total = sum(d[name] for name in TERMS)
     assert np.abs(total.values - ap_drop).max() < 1e-12
     # the recomputed factual model is the analysed one, so Drop(1, 1) alone reproduces ap_drop
     recomputed = quiet(decompose_drop, drifting, covariance=covariance)
@@ -49,9 +49,9 @@ def test_parts_add_up_to_ap_drop_exactly(drifting, covariance):
 def test_analyze_computes_the_same_parts_in_its_own_pass(drifting):
     m = quiet(analyze, drifting, set_sizes=(2,))
     d = quiet(decompose_drop, drifting)
-    for name in PARTS:
+    for name in TERMS:
         np.testing.assert_allclose(m[name].values, d[name].values, rtol=0, atol=1e-12)
-    assert float(abs(sum(m[name] for name in PARTS) - m.ap_drop).max()) < 1e-12
+    assert float(abs(sum(m[name] for name in TERMS) - m.ap_drop).max()) < 1e-12
 
 
 def test_drift_on_the_query_axis_is_the_bias_part(drifting):
@@ -89,20 +89,20 @@ def test_drift_and_content_change_together_split_into_both():
     assert (np.abs(both.ap_drop_interaction) < 0.5 * np.minimum(both.ap_drop_bias, both.ap_drop_content)).all()
 
 
-def test_parts_from_drops_definitions():
+def test_terms_from_drops_definitions():
     drops = np.array([[0.5], [0.4], [0.1], [0.05]])  # Drop(1,1), Drop(1,0), Drop(0,1), Drop(0,0) in VARIANTS order
     assert VARIANTS == ((1, 1), (1, 0), (0, 1), (0, 0))
-    parts = parts_from_drops(drops)
+    parts = terms_from_drops(drops)
     assert parts["ap_drop_baseline"][0] == pytest.approx(0.05) and parts["ap_drop_bias"][0] == pytest.approx(0.35)
     assert parts["ap_drop_content"][0] == pytest.approx(0.05)
     assert parts["ap_drop_interaction"][0] == pytest.approx(0.5 - 0.4 - 0.1 + 0.05)
-    assert sum(parts[name][0] for name in PARTS) == pytest.approx(0.5)
+    assert sum(parts[name][0] for name in TERMS) == pytest.approx(0.5)
 
 
-def test_model_level_parts_are_means_over_heads(drifting):
+def test_model_level_terms_are_means_over_heads(drifting):
     d = quiet(decompose_drop, drifting)
-    means = quiet(model_level_parts, drifting)
-    assert list(means) == ["ap_drop", *PARTS]
-    for name in PARTS:
+    means = quiet(model_level_terms, drifting)
+    assert list(means) == ["ap_drop", *TERMS]
+    for name in TERMS:
         assert means[name] == pytest.approx(float(d[name].mean()))
-    assert means["ap_drop"] == pytest.approx(sum(means[name] for name in PARTS))
+    assert means["ap_drop"] == pytest.approx(sum(means[name] for name in TERMS))

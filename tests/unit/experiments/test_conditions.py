@@ -13,7 +13,7 @@ import pandas as pd
 from qkplast.experiments.conditions import (QUANTITIES, condition_grid, condition_table, first_keys_mask, first_keys_masked,
                                             mechanism_reading, read_conditions, reseed_null, reseeded_captures,
                                             rope_base_scaled)
-from qkplast.analysis.decompose import model_level_parts
+from qkplast.analysis.decompose import model_level_terms
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.theory.planted import planted_capture
 
@@ -104,7 +104,7 @@ def test_condition_table_pairs_documents_and_reads_against_the_null():
         warnings.simplefilter("ignore", PlasticityWarning)
         values, diffs = condition_table(conds)
         null = reseed_null(full, base, 19)
-        est = model_level_parts(base)
+        est = model_level_terms(base)
     v = values.set_index(["condition", "quantity"])
     for q in QUANTITIES:
         assert v.loc[("baseline", q), "estimate"] == pytest.approx(est[q], abs=1e-12)

@@ -82,9 +82,9 @@ def test_document_interval_reanalyses_each_left_out_document(four_docs):
     np.testing.assert_array_equal(jack, four_docs.sizes["sample"] - np.array(per_doc))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlasticityWarning)
-        from qkplast.analysis.decompose import model_level_parts
+        from qkplast.analysis.decompose import model_level_terms
 
-        ci = document_interval(four_docs, lambda c: list(model_level_parts(c, None).values()))
+        ci = document_interval(four_docs, lambda c: list(model_level_terms(c, None).values()))
     assert ci["interval"] == "jackknife_bc" and ci["jackknife"].shape == (4, 5)
     assert (ci["lo"] <= ci["estimate"]).all() and (ci["estimate"] <= ci["hi"]).all()  # around the corrected centre
     one = four_docs.isel(sample=np.flatnonzero(four_docs.doc.values == four_docs.doc.values[0]))
