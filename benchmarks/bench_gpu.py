@@ -353,7 +353,13 @@ def main(argv=None) -> int:
     if args.selftest_cpu:  # a couple of minutes on two cores: the same command at an eighth of the window
         seq_len = 16384
         values.update(seq_len=seq_len, bucket_size=seq_len // 16)
-    corpus = make_corpus(args.work / f"corpus-{seq_len}.jsonl", seq_len, args.docs)
+    # chapter 12 reads documents of its own beside the run's: the geometry's windows (raised to what the run's
+    # sampling needs, qkplast.experiments.grid.geometry_plan) and then the behaviour's
+    from qkplast.experiments.grid import geometry_plan
+
+    samples = float(full[full.index("--samples-per-bucket") + 1]) if "--samples-per-bucket" in full else 1.0
+    n_docs = args.docs + geometry_plan(samples, REDUCED["geometry_docs"])[0] + REDUCED["copy_windows"]
+    corpus = make_corpus(args.work / f"corpus-{seq_len}-{n_docs}.jsonl", seq_len, n_docs)
     values["corpus"] = corpus
     out = args.work / f"run-{name}"
     argv = substitute(full, **values, out=out) + [x for k, v in REDUCED.items() for x in ("-p", k, json.dumps(v))]

@@ -105,6 +105,7 @@ loaded = load_for(opt)  # the run's model, revision, dtype and tokenizer, loadin
 documents = open_corpus_for(opt)  # the run's corpus, read with its text and id fields
 print(f"{run.metrics.sizes['head']} heads of {run.capture.attrs['model']}; behaviour and geometry on {window}-token "
       f"windows; cells (second-copy position, distance): {design.cells}")
+ks = sorted({min(int(k), run.metrics.sizes["head"]) for k in ks})  # a k beyond the captured heads is capped, as in the grid
 
 # %% [markdown]
 # ## The readings and the decision rule, before the data

@@ -92,7 +92,10 @@ def split_parameters(pairs, notebook_defaults: dict | None = None) -> tuple[dict
             analysis[name] = typed_option(AnalysisOptions, name, text)
         elif name in notebook_defaults and name != "run_dir":
             default = notebook_defaults[name]
-            value = parse_literal(text) if not isinstance(default, str) else text
+            # a string parameter takes its text as it is, or unquoted when it is a quoted literal ("smoke",
+            # which is what json.dumps or a YAML study writes)
+            quoted = isinstance(default, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'"
+            value = parse_literal(text) if not isinstance(default, str) or quoted else text
             notebook[name] = value if default is None else coerce(value, FieldSpec((type(default),)), name)
         else:
             raise UnknownOptionError(

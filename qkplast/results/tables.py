@@ -340,14 +340,16 @@ def coverage_results(path=None) -> pd.DataFrame:
 def coverage_summary(table: pd.DataFrame, n_docs: int) -> pd.DataFrame:
     """Coverage of each method at each document count (columns), per world and quantity (rows), as printed;
     and, in ``attrs``, the smallest coverage of the policy's interval at ``n_docs`` documents over every
-    world and quantity (``policy_min``) and where it occurs."""
+    world and quantity (``policy_min``, its binomial standard error ``policy_min_se``) and where it occurs,
+    the fewest replicates of any cell and the document counts measured."""
     wide = table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage", sort=False)
     # the policy's interval: "policy" for the bootstrap's six, the bias-corrected re-analysed jackknife for the parts
     policy = table[(table.docs == n_docs) & table.method.isin(["policy", "bias-corrected jackknife-t (re-analysed)"])]
     worst = policy.loc[policy.coverage.idxmin()] if len(policy) else None
     wide.attrs.update(policy_min=float(worst.coverage) if worst is not None else float("nan"),
+                      policy_min_se=float(worst.coverage_se) if worst is not None else float("nan"),
                       policy_min_at=f"{worst.world}: {worst.quantity}" if worst is not None else "",
-                      replicates=int(table.replicates.min()))
+                      replicates=int(table.replicates.min()), docs=sorted(int(d) for d in table.docs.unique()))
     return wide
 
 
@@ -417,7 +419,9 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
         if m != 2:
             row["rho"], (lo, hi) = full[(m, "rho")], iv[(m, "rho")]
             row[f"rho {int(100 * level)}% CI"] = f"[{lo:.3f}, {hi:.3f}]"
-            row["p_perm"] = pairwise_predicts_listwise(metrics, m, n_perm=n_perm, seed=seed)["p_perm"]
+            # fewer than 3 heads with both values (a tiny model, a large set): no correlation, so no p-value
+            row["p_perm"] = (pairwise_predicts_listwise(metrics, m, n_perm=n_perm, seed=seed)["p_perm"]
+                             if np.isfinite(full[(m, "rho")]) else np.nan)
         rows.append(row)
     out = pd.DataFrame(rows).set_index("set size")
     out.attrs["method"] = (f"bias-corrected jackknife-t over {len(docs)} documents ({len(docs) - 1} degrees of freedom), each "

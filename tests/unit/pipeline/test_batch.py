@@ -126,6 +126,10 @@ def test_split_parameters_types_each_kind():
     assert ana == {"edge_fraction": 0.25} and nb == {"checkpoints": ["a/b@r1"], "code_corpus": "stdlib-code"}
     with pytest.raises(ValueError, match="checkpoints expects list"):
         params.split_parameters([("checkpoints", "a/b")], {"checkpoints": []})
+    # a string parameter: its text as it is, or unquoted when quoted (json.dumps, a YAML study)
+    for text in ("smoke", '"smoke"', "'smoke'"):
+        assert params.split_parameters([("training", text)], {"training": ""})[2] == {"training": "smoke"}
+    assert params.split_parameters([("training", '"')], {"training": ""})[2] == {"training": '"'}
 
 
 def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, monkeypatch):

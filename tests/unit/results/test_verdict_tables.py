@@ -40,9 +40,12 @@ def test_coverage_summary_reports_the_policys_lowest_coverage():
     rows.append({"world": "w", "docs": 4, "quantity": "ap_drop_bias (parts)",
                  "method": "bias-corrected jackknife-t (re-analysed)", "coverage": 0.935, "replicates": 500})
     rows.append({"world": "w", "docs": 8, "quantity": "ap_overall", "method": "policy", "coverage": 0.90, "replicates": 500})
-    summary = tables.coverage_summary(pd.DataFrame(rows), 4)
+    table = pd.DataFrame(rows)
+    table["coverage_se"] = np.sqrt(table.coverage * (1 - table.coverage) / table.replicates)
+    summary = tables.coverage_summary(table, 4)
     assert summary.attrs["policy_min"] == pytest.approx(0.935) and "ap_drop_bias" in summary.attrs["policy_min_at"]
-    assert list(summary.columns) == [4, 8] and summary.attrs["replicates"] == 500
+    assert summary.attrs["policy_min_se"] == pytest.approx(np.sqrt(0.935 * 0.065 / 500))
+    assert list(summary.columns) == [4, 8] and summary.attrs["replicates"] == 500 and summary.attrs["docs"] == [4, 8]
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +81,14 @@ def test_gqa_table_has_both_nulls_and_an_interval(planted):
     row = g.iloc[0]
     assert row["95% lo"] <= row["95% hi"] and 0 < row["p (labels permuted)"] <= 1 and 0 < row["p (keys kept)"] <= 1
     assert row["within group"] - row["between groups"] == pytest.approx(row["T"])
+
+
+def test_listwise_intervals_leave_the_correlation_open_with_too_few_heads():
+    """Two heads cannot rank: rho and its permutation p are NaN (a tiny model), the means still get intervals."""
+    cap, _ = planted_capture(n_heads=2, dim=8, n_docs=4, samples_per_bucket=6, seed=4, doc_effect=0.3, world_seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        metrics = analyze(cap, set_sizes=(2, 8), n_pairs=32)
+        t = tables.listwise_document_intervals(cap, metrics, n_perm=19)
+    assert np.isnan(t.loc[8, "rho"]) and np.isnan(t.loc[8, "p_perm"])
+    assert np.isfinite(t.loc[2, "model"]) and "4 documents" in t.attrs["method"]
