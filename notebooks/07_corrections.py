@@ -90,6 +90,10 @@ target = ("met" if lowest >= 0.93 else "not met, within two standard errors of i
           else "not met")
 print(f"the policy's interval at this run's {run.capture.attrs['n_docs']} documents covers at least {lowest:.1%} "
       f"(+- {se:.1%}; lowest: {summary.attrs['policy_min_at']}) for a nominal 95%: the 93% target is {target}")
+policy = coverage[coverage.method.isin(["policy", "bias-corrected jackknife-t (re-analysed)"])]
+for n, cell in policy.groupby("docs"):  # the worst case at each document count, for runs with more documents
+    w = cell.loc[cell.coverage.idxmin()]
+    print(f"  at {n} documents its lowest coverage is {w.coverage:.1%} (+- {w.coverage_se:.1%}; {w.world}: {w.quantity})")
 pd.set_option("display.max_rows", 120)  # the whole table, every method of every quantity
 summary.unstack("world").round(3)
 

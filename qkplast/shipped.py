@@ -18,7 +18,7 @@ SHIPPED = _PACKAGE / "_shipped"
 
 
 def resource_dir(relative: str) -> Path:
-    """``relative`` (``notebooks``, ``data/thesis``) in the checkout when the package runs from one, else the
+    """``relative`` (``notebooks``, ``data/thesis``, ``data``, ``studies``) in the checkout when the package runs from one, else the
     wheel's copy under :data:`SHIPPED`."""
     checkout = _CHECKOUT / relative
     if (_CHECKOUT / "pyproject.toml").is_file() and checkout.is_dir():

@@ -22,7 +22,7 @@ HEAD_COORDS = ("layer", "q_head", "kv_head", "rope")
 
 #: Version of :func:`analyze`'s output: bump it when a metric is added, removed, renamed or computed
 #: differently, so run directories recompute their metrics instead of reusing stale ones.
-SCHEMA_VERSION = 2  # 2: the AP_drop decomposition rebuilt (ap_drop_baseline; ap_drop_keys gone), listwise in the pass
+SCHEMA_VERSION = 3  # 2: the AP_drop decomposition rebuilt, listwise in the pass; 3: PCA components without variance get NaN correlations
 
 
 def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset]:

@@ -57,14 +57,20 @@ def pca_from_moments(m: CloudMoments) -> PCAResult:
     evals, evecs = evals.flip(-1).clamp_min(0), evecs.flip(-1)  # descending
     evr = evals / evals.sum(-1, keepdim=True)  # [head, pc]
 
+    # a component whose eigenvalue is zero to rounding (fewer samples than dimensions: the null space of the
+    # cloud) carries no variance, so it has no correlation with position: NaN, not a ratio of rounding errors
+    spanned = evals > evals[:, :1] * (evals.shape[-1] * torch.finfo(evals.dtype).eps)  # [head, pc]
+
     def corr(cross, scatter):
         num = matmul(cross[:, None, :], evecs)[:, 0]  # [head, pc]
         var = (matmul(scatter, evecs) * evecs).sum(1).clamp_min(0)  # [head, pc]: v^T S v per component
         den = torch.sqrt(var * m.stt)
-        return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.full_like(num, float("nan")))
+        ok = (den > 0) & spanned
+        return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.full_like(num, float("nan")))
 
     r_q, r_k = corr(m.cross_q, m.scatter_q), corr(m.cross_k, m.scatter_k)
-    dominant = torch.where(r_q.abs() >= r_k.abs(), r_q, r_k)
+    # the larger |r| decides the sign; a NaN side never wins (both NaN: the sign stays +1)
+    dominant = torch.where(r_q.abs().nan_to_num(-1.0) >= r_k.abs().nan_to_num(-1.0), r_q, r_k)
     sign = torch.where(dominant < 0, -1.0, 1.0).to(evecs.dtype)  # [head, pc]
     return PCAResult(evr, r_q * sign, r_k * sign, (evecs * sign[:, None, :]).transpose(-1, -2))
 

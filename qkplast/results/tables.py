@@ -331,7 +331,9 @@ def coverage_results(path=None) -> pd.DataFrame:
     """The stored coverage table of ``benchmarks/bench_coverage.py`` (``data/coverage.csv``)."""
     from pathlib import Path
 
-    path = Path(path) if path is not None else Path(__file__).resolve().parents[2] / "data" / "coverage.csv"
+    from qkplast.shipped import resource_dir
+
+    path = Path(path) if path is not None else resource_dir("data") / "coverage.csv"  # the checkout's, or the wheel's
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: run python benchmarks/bench_coverage.py to make it")
     return pd.read_csv(path)

@@ -20,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+from qkplast.shipped import resource_dir
 from qkplast.train.config import TrainConfig, TrainConfigError
 from qkplast.train.data import prepare_data
 from qkplast.train.loop import record_path, train_arm
@@ -28,7 +29,7 @@ __all__ = ["STUDIES", "ensure_training", "expected_runs", "load_training", "trai
 
 TRAINING_JSON = "training.json"
 #: The repository's study files (``studies/miniature.yaml`` is the book's default training).
-STUDIES = Path(__file__).resolve().parents[2] / "studies"
+STUDIES = resource_dir("studies")  # the checkout's studies/, or the copy a wheel ships
 
 
 def expected_runs(config: TrainConfig) -> list[tuple[int, str]]:

@@ -29,12 +29,18 @@ def test_a_non_editable_install_runs_qkplast_run_end_to_end(tmp_path):
            "OMP_WAIT_POLICY": "PASSIVE"}
     where = subprocess.run([sys.executable, "-c", "import qkplast, qkplast.pipeline.params as p, qkplast.results.reference "
                             "as r; print(qkplast.__file__); print(p.NOTEBOOK_DIR); print(r.data_dir()); "
-                            "print(len(p.notebook_paths()), len(r.load('models')))"],
+                            "print(len(p.notebook_paths()), len(r.load('models'))); "
+                            # chapter 07's stored coverage table and chapter 10's default training study
+                            "import qkplast.shipped as s, qkplast.train.run as t, qkplast.results.tables as rt; "
+                            "print(s.resource_dir('data')); print(t.STUDIES); print(len(rt.coverage_results())); "
+                            "from qkplast.train.config import load_train_study; "
+                            "print(load_train_study(t.STUDIES / 'miniature.yaml').name)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert where.returncode == 0, where.stderr[-2000:]
-    package, notebooks, data, counts = where.stdout.split("\n")[:4]
-    for path in (package, notebooks, data):
+    package, notebooks, data, counts, coverage, studies, rows, study = where.stdout.split("\n")[:8]
+    for path in (package, notebooks, data, coverage, studies):
         assert Path(path).is_relative_to(site), (path, site)  # the installed copy, not the checkout
+    assert int(rows) > 0 and study == "miniature"
     assert counts == f"{len(list((ROOT / 'notebooks').glob('[0-9][0-9]_*.ipynb')))} 13"
     out = tmp_path / "run"
     argv = ["run", "--preset", "fast", *[f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()], "--out", str(out),

@@ -45,6 +45,21 @@ def test_sign_canonicalisation_dominant_positive_and_stable_under_negation(cap):
     np.testing.assert_allclose(flipped.r_k_pc[:, :4], p.r_k_pc[:, :4], atol=1e-9)
 
 
+def test_components_without_variance_have_no_correlation_and_the_sign_rule_holds_elsewhere():
+    """Fewer samples than dimensions (a short GPU check at one sample per bucket): the cloud's null space has no
+    variance, so its components get NaN correlations, and every component with a correlation follows the sign
+    rule, whichever side is NaN."""
+    cap = planted_capture(n_heads=3, dim=32, n_docs=1, seq_len=256, bucket_size=32, samples_per_bucket=1, seed=4)[0]
+    assert 2 * cap.sizes["sample"] < cap.sizes["dim"]  # the pooled cloud cannot span the space
+    p = pca(cap)
+    r_q, r_k = p.r_q_pc.values, p.r_k_pc.values
+    null = p.explained_variance_ratio.values < 1e-12
+    assert null.any() and np.isnan(r_q[null]).all() and np.isnan(r_k[null]).all()
+    aq, ak = np.nan_to_num(np.abs(r_q), nan=-1.0), np.nan_to_num(np.abs(r_k), nan=-1.0)
+    dom = np.where(aq >= ak, r_q, r_k)
+    assert (dom[np.isfinite(dom)] >= 0).all() and np.isfinite(dom[~null]).all()
+
+
 def test_content_head_without_drift(rng):
     cap = planted_capture(n_heads=2, dim=8, n_docs=16, beta_pos=0.0, key_slope=0.0, seed=2)[0]
     p = pca(cap)
