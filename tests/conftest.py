@@ -101,3 +101,37 @@ def slurm(tmp_path_factory):
         pytest.fail(f"SLURM test cluster did not start: {exc}")
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def config_dir(tmp_path_factory):
+    """A tiny Llama's config and tokenizer, no weights: all that planning, sizing and validation read."""
+    import transformers as T
+
+    from tests.helpers import COMMON, tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-config")
+    T.LlamaConfig(**COMMON).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smoke_training(tmp_path_factory):
+    """One ``qkplast train --preset smoke`` (two seeds, stage A and three arms) for the whole test session:
+    ``(directory, training.json)``. Tests read it; the rehearsals' chapter 10 caches its checkpoint measurements in
+    it (``geometry/``, keyed by commit, window and settings), as it would in any training it reads."""
+    from qkplast.train import PRESETS, train
+
+    out = tmp_path_factory.mktemp("smoke") / "train"
+    return out, train(PRESETS["smoke"], out, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_notebooks(smoke_training):
+    """The tiny rehearsals' notebook parameters (``tests.helpers.TINY_NOTEBOOKS``) with chapter 10 reading the
+    session's smoke training (a training directory, as ``-p training DIR`` does) instead of training again."""
+    from tests.helpers import TINY_NOTEBOOKS
+
+    return {**TINY_NOTEBOOKS, "training": str(smoke_training[0])}
+

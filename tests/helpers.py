@@ -223,3 +223,32 @@ def fake_stage(monkeypatch, tmp_path):
     monkeypatch.setattr(models, "release_model", lambda loaded: calls.append(("release", loaded)))
     monkeypatch.setattr(driver, "run_capture", fake_capture)
     return calls
+
+
+#: Qwen3-8B's published shape (config only: planning and sizing read it, nothing is built at this size)
+QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960)
+
+
+def jsonl_corpus(path: Path, sizes: list[int]) -> Path:
+    """Documents of natural prose of the given character counts (the tiny BPE: ~1.5 characters per token)."""
+    import json
+
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[k] for k in sorted(topics)) * 4
+    with path.open("w") as f:
+        for i, n in enumerate(sizes):
+            f.write(json.dumps({"id": f"d{i}", "text": text[i * 997: i * 997 + n]}) + "\n")
+    return path
+
+
+def study_yaml(tmp_path: Path, models: list, **top) -> Path:
+    """A study file named ``s`` writing into ``tmp_path/out``, with ``models`` and any other top-level keys."""
+    import yaml
+
+    data = {"name": "s", "out": str(tmp_path / "out"), "models": models, **top}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+

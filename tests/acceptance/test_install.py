@@ -17,8 +17,8 @@ from tests.helpers import ROOT
 
 
 
-def test_a_non_editable_install_runs_qkplast_run_end_to_end(tmp_path):
-    from tests.helpers import TINY, TINY_NOTEBOOKS
+def test_a_non_editable_install_runs_qkplast_run_end_to_end(tmp_path, tiny_notebooks):
+    from tests.helpers import TINY
 
     site = tmp_path / "site"
     t0 = time.perf_counter()
@@ -45,7 +45,7 @@ def test_a_non_editable_install_runs_qkplast_run_end_to_end(tmp_path):
     out = tmp_path / "run"
     argv = ["run", "--preset", "fast", *[f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()], "--out", str(out),
             "--no-progress"]
-    for name, value in TINY_NOTEBOOKS.items():
+    for name, value in tiny_notebooks.items():
         argv += ["-p", name, json.dumps(value)]
     ran = subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *argv], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=1800)

@@ -22,6 +22,7 @@ forward used there; the captured ``q . k`` must reproduce their differences.
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -183,13 +184,18 @@ def _qkplast(argv, cache, timeout):
 
 
 @pytest.fixture(scope="module")
-def readme_run(hub, tmp_path_factory):
+def readme_run(hub, tmp_path_factory, smoke_training):
     """The README's thesis-scale commands, run as written but for the model (the tiny Qwen3 at its pinned commit in
-    the local hub cache), the corpus (two generated 131072-token documents), ``--docs`` and ``--out``."""
+    the local hub cache), the corpus (two generated 131072-token documents), ``--docs`` and ``--out``.
+
+    The run directory starts with the session's smoke training under ``RUN/training/``, which chapter 10 reads
+    when it finds a finished training there (its documented reuse; the training itself is tested in
+    tests/*/train): the rehearsal checks the command, not six minutes of the default training again."""
     cache, commits, corpus = hub
     dry, full = readme_commands()
     assert "--dry-run" in dry and "--dry-run" not in full, "the section shows a dry run, then the run"
     out = tmp_path_factory.mktemp("readme") / "run"
+    shutil.copytree(smoke_training[0], out / "training" / "smoke", symlinks=True)
     values = dict(model=f"{repo_id('qwen3')}@{commits['qwen3']}", corpus=corpus, docs=2)
     t0 = time.perf_counter()
     checked = _qkplast(substitute(dry, **values), cache, 900)

@@ -8,10 +8,10 @@ import nbformat
 from qkplast import rundir
 from qkplast.pipeline import stages
 from qkplast.results import summary
-from tests.helpers import NOTEBOOKS, TINY, TINY_NOTEBOOKS
+from tests.helpers import NOTEBOOKS, TINY
 
 
-def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
+def test_tiny_papermill_batch_produces_every_artifact(tmp_path, tiny_notebooks):
     from dataclasses import fields
 
     from qkplast import AnalysisOptions, CaptureOptions
@@ -20,7 +20,7 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
 
     out = tmp_path / "run"
     tiny = CaptureOptions(**{**PRESETS["fast"].to_dict(), **TINY})
-    result = stages.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters=TINY_NOTEBOOKS, progress=False)
+    result = stages.run(tiny, out, analysis=AnalysisOptions(n_pairs=32), parameters=tiny_notebooks, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest == json.loads(json.dumps(result.manifest, default=str))
     # one set of names: CaptureOptions fields == manifest keys == capture attrs, same values
@@ -49,5 +49,5 @@ def test_tiny_papermill_batch_produces_every_artifact(tmp_path):
     profiles = summary.context_profiles({"a": rundir.open_metrics(out), "b": rundir.open_metrics(out)})
     assert profiles.dims == ("run", "context_bin") and profiles.sizes["context_bin"] == 5
     # a rerun executes nothing again
-    again = stages.run(tiny, out, parameters=TINY_NOTEBOOKS, progress=False)
+    again = stages.run(tiny, out, parameters=tiny_notebooks, progress=False)
     assert [e["seconds"] for e in again.manifest["notebooks"]] == [e["seconds"] for e in manifest["notebooks"]]

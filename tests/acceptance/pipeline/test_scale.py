@@ -7,37 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
-import pytest
-import transformers as T
-import yaml
 
 from tests.helpers import ROOT
-from tests.helpers import COMMON, tiny_tokenizer
+from tests.helpers import study_yaml
+from tests.helpers import tiny_tokenizer
 
-QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960)
-
-
-@pytest.fixture(scope="module")
-def config_dir(tmp_path_factory):
-    """A tiny Llama's config and tokenizer, no weights: all that planning, sizing and validation read."""
-    path = tmp_path_factory.mktemp("tiny-config")
-    T.LlamaConfig(**COMMON).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
-
-def _jsonl(path: Path, sizes: list[int]) -> Path:
-    """Documents of natural prose of the given character counts (the tiny BPE: ~1.5 characters per token)."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[k] for k in sorted(topics)) * 4
-    with path.open("w") as f:
-        for i, n in enumerate(sizes):
-            f.write(json.dumps({"id": f"d{i}", "text": text[i * 997: i * 997 + n]}) + "\n")
-    return path
 
 
 # --------------------------------------------------------------------------- 1. the code capture
@@ -47,13 +22,6 @@ def _jsonl(path: Path, sizes: list[int]) -> Path:
 
 
 # --------------------------------------------------------------------------- 5, 6, 9. studies
-
-
-def _study(tmp_path, models, **top) -> Path:
-    data = {"name": "s", "out": str(tmp_path / "out"), "models": models, **top}
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 # --------------------------------------------------------------------------- 4. local jobs on a GPU host
@@ -74,7 +42,7 @@ def test_local_jobs_on_a_gpu_host_get_one_gpu_each(tmp_path, config_dir):
     model = tmp_path / "tiny"
     T.LlamaForCausalLM(T.LlamaConfig(**COMMON)).save_pretrained(model)
     tiny_tokenizer().save_pretrained(model)
-    path = _study(tmp_path, [{"id": str(model), "name": n, "seed": i} for i, n in enumerate("abc")],
+    path = study_yaml(tmp_path, [{"id": str(model), "name": n, "seed": i} for i, n in enumerate("abc")],
                   defaults={"corpus": "pydoc-topics", "short_docs": "concat", "docs": 2, "seq_len": 64,
                             "bucket_size": 16, "samples_per_bucket": 2, "heads": 4, "device": "cpu"},
                   resources={"gpus": 1, "array_parallelism": 4, "timeout_min": 10})

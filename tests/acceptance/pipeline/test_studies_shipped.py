@@ -62,10 +62,9 @@ def _corpus(path: Path, text_field: str) -> Path:
     return path
 
 
-def rehearsal_file(shipped: Path, hub, slurm: bool) -> Path:
-    """The shipped study with its first run only, stand-ins substituted (see the module doc)."""
-    from tests.helpers import TINY_NOTEBOOKS
-
+def rehearsal_file(shipped: Path, hub, slurm: bool, notebooks: dict) -> Path:
+    """The shipped study with its first run only, stand-ins substituted (see the module doc); ``notebooks``: the
+    tiny notebook parameters (``tiny_notebooks``)."""
     cache, commits, root = hub
     data = yaml.safe_load(shipped.read_text())
     first = dict(data["models"][0])
@@ -88,7 +87,7 @@ def rehearsal_file(shipped: Path, hub, slurm: bool) -> Path:
     data["resources"] = ({"partition": "debug", "cpus": 1, "mem_gb": 2, "timeout_min": 30, "array_parallelism": 1,
                           "setup": ["export OMP_NUM_THREADS=1"]} if slurm else {"timeout_min": 30})
     data["out"] = str(root / f"out-{shipped.stem}")
-    data["parameters"] = TINY_NOTEBOOKS
+    data["parameters"] = notebooks
     path = root / f"{shipped.stem}.rehearsal.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -117,8 +116,8 @@ def _first_run_through_every_stage(study_file: Path, out: Path):
 
 @pytest.mark.parametrize("shipped", [p for p in STUDIES if p.stem != "thesis"],
                          ids=[p.stem for p in STUDIES if p.stem != "thesis"])
-def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stand_in_hub):
-    path = rehearsal_file(shipped, stand_in_hub, slurm=False)
+def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stand_in_hub, tiny_notebooks):
+    path = rehearsal_file(shipped, stand_in_hub, slurm=False, notebooks=tiny_notebooks)
     t0 = time.perf_counter()
     # The notebooks are the same code on every architecture (the thesis study runs them on SLURM below, the
     # README's commands in tests/acceptance/test_readme*.py): one study here goes through them, the others
@@ -136,8 +135,8 @@ def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stan
     print(f"{shipped.stem}: first run through stage {stage} in {time.perf_counter() - t0:.0f} s")
 
 
-def test_the_thesis_study_first_run_on_a_one_node_slurm_cluster(stand_in_hub, slurm):
-    path = rehearsal_file(ROOT / "studies" / "thesis.yaml", stand_in_hub, slurm=True)
+def test_the_thesis_study_first_run_on_a_one_node_slurm_cluster(stand_in_hub, slurm, tiny_notebooks):
+    path = rehearsal_file(ROOT / "studies" / "thesis.yaml", stand_in_hub, slurm=True, notebooks=tiny_notebooks)
     env = _env(stand_in_hub[0], SLURM_CONF=str(slurm.conf))
     t0 = time.perf_counter()
     dry = _qkplast("study", path, "--executor", "slurm", "--dry-run", env=env, timeout=600)

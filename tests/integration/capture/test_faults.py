@@ -1,10 +1,6 @@
-"""Bad input and faults on the thesis-scale path (issue 23, item 13).
-
-Every bad flag value, corpus file or study file is one line on stderr and exit status 2, before any weights
-load, for each command that takes it (capture, plan, run, study, analyze, compare); two captures started
-into one output never write it both; a capture killed while its final file is written resumes to the
-uninterrupted result.
-"""
+"""Faults on the thesis-scale path with a real (tiny) model (issue 23, item 13): two captures started into one
+output never write it both, and a capture killed while its final file is written resumes to the uninterrupted
+result. The bad-input refusals are in tests/unit/pipeline/test_faults.py."""
 
 from __future__ import annotations
 
@@ -15,65 +11,9 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
 
-from qkplast.pipeline.cli import main
 from tests.helpers import ROOT
 
-
-
-@pytest.fixture(scope="module")
-def bad_files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bad")
-    files = {
-        "malformed.jsonl": '{"id": "a", "text": "fine"}\n{"id": "b", "text": \n',
-        "no-text-field.jsonl": '{"id": "a", "body": "no text field here"}\n',
-        "not-an-object.jsonl": '["a", "list"]\n',
-        "empty.jsonl": "",
-        "table.csv": "a,b\n1,2\n",
-        "study-bad-yaml.yaml": "name: [unclosed\n",
-        "study-not-mapping.yaml": "- just\n- a list\n",
-        "study-unknown-key.yaml": "name: s\nmodels: [{id: smollm2-135m, seq_lenx: 3}]\n",
-        "study-bad-resources.yaml": "name: s\nresources: {gpus: many}\nmodels: [{id: smollm2-135m}]\n",
-        "study-floating.yaml": "name: s\nmodels: [{id: owner/model@main}]\n",
-        "study-no-models.yaml": "name: s\nmodels: []\n",
-        "not-a-capture.nc": "this is not netCDF",
-    }
-    for name, text in files.items():
-        (root / name).write_text(text)
-    (root / "latin1.txt").write_bytes("caf\xe9 ol\xe9 ".encode("latin-1") * 50)
-    (root / "empty-dir").mkdir()
-    return root
-
-
-@pytest.fixture
-def no_weights(monkeypatch):
-    """Loading weights fails the test: every refusal below must come before it."""
-    import qkplast.capture.models as models
-
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
-    monkeypatch.setattr(models, "load_for", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
-
-
-def _one_line(capsys, argv) -> str:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (argv, code, err)
-    assert lines[0].startswith(f"qkplast {argv[0]}: error: "), lines
-    return lines[0]
-
-
-CORPUS_CASES = [
-    ("malformed.jsonl", "malformed.jsonl"),
-    ("no-text-field.jsonl", "text"),
-    ("not-an-object.jsonl", "not-an-object.jsonl"),
-    ("empty.jsonl", "empty.jsonl"),
-    ("table.csv", ".txt or .jsonl"),
-    ("latin1.txt", "latin1.txt"),
-    ("empty-dir", "no .txt or .jsonl"),
-    ("missing.jsonl", "no such file"),
-]
 
 
 # --------------------------------------------------------------------------- two writers, kills at the end

@@ -1,9 +1,6 @@
 """The smoke training end to end: training.json, same-seed determinism, the hub branches read offline through
 qkplast's own model loading, a model that learned more than unigram statistics, and the checkpoint measurements.
-
-One smoke training (two seeds, stage A and three arms) is shared by the module; the kill/resume test trains
-again in a child process, is killed mid-run and resumed, and must land on the same weights.
-"""
+The training is the session's (``smoke_training`` in tests/conftest.py), shared with the acceptance tier's."""
 
 import json
 import os
@@ -14,16 +11,15 @@ import pytest
 from qkplast.train import PRESETS, TrainConfig, hub_cache, repo_id, train
 from qkplast.train.hub import branches, snapshot
 
+from tests.helpers import ROOT
 
-from tests.helpers import ROOT  # noqa: E402
 SMOKE = PRESETS["smoke"]
 FINAL, MID = f"stageA-step{SMOKE.steps}", f"stageA-step{SMOKE.checkpoint_steps('stageA')[1]}"
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke") / "train"
-    return out, train(SMOKE, out, progress=False)
+def smoke(smoke_training):
+    return smoke_training
 
 
 def refs(out, seed):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import transformers as T
-import yaml
 
 from qkplast.capture.plan import (KAPPA, activation_bytes_per_token, live_elements_per_token,
                                   logits_chunk_rows, logits_pass_gb, plan_capture, size_code_capture,
@@ -19,30 +18,8 @@ from qkplast.capture.plan import (KAPPA, activation_bytes_per_token, live_elemen
 from qkplast.options import CaptureOptions
 from qkplast.pipeline.cli import main
 from qkplast.rundir.study_file import StudyError, load_study, parse_study
-from tests.helpers import COMMON, tiny_tokenizer
+from tests.helpers import QWEN3_8B, jsonl_corpus, study_yaml, tiny_tokenizer
 
-QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960)
-
-
-@pytest.fixture(scope="module")
-def config_dir(tmp_path_factory):
-    """A tiny Llama's config and tokenizer, no weights: all that planning, sizing and validation read."""
-    path = tmp_path_factory.mktemp("tiny-config")
-    T.LlamaConfig(**COMMON).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
-
-def _jsonl(path: Path, sizes: list[int]) -> Path:
-    """Documents of natural prose of the given character counts (the tiny BPE: ~1.5 characters per token)."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[k] for k in sorted(topics)) * 4
-    with path.open("w") as f:
-        for i, n in enumerate(sizes):
-            f.write(json.dumps({"id": f"d{i}", "text": text[i * 997: i * 997 + n]}) + "\n")
-    return path
 
 
 # --------------------------------------------------------------------------- 1. the code capture
@@ -55,10 +32,10 @@ def test_code_capture_sized_to_what_its_corpus_yields(config_dir, tmp_path):
     main_run = CaptureOptions(model=str(config_dir), corpus="pydoc-topics", short_docs="concat", docs=4, seq_len=1024,
                               bucket_size=64, samples_per_bucket=4, device="cpu")
     tok = load_tokenizer(str(config_dir))
-    many = _jsonl(tmp_path / "many.jsonl", [9000] * 5)
-    few = _jsonl(tmp_path / "few.jsonl", [9000] * 3 + [300] * 4)
-    short = _jsonl(tmp_path / "short.jsonl", [9000] + [1100] * 6)
-    tiny = _jsonl(tmp_path / "tiny.jsonl", [150] * 20)
+    many = jsonl_corpus(tmp_path / "many.jsonl", [9000] * 5)
+    few = jsonl_corpus(tmp_path / "few.jsonl", [9000] * 3 + [300] * 4)
+    short = jsonl_corpus(tmp_path / "short.jsonl", [9000] + [1100] * 6)
+    tiny = jsonl_corpus(tmp_path / "tiny.jsonl", [150] * 20)
     skip = replace(main_run, short_docs="skip")
     # what the corpora hold, counted as the capture counts (the premises of the cases below)
     assert count_windows(open_corpus(str(many)), tok, skip, strict=False) == 4
@@ -178,24 +155,17 @@ def test_plan_spreads_weights_over_gpus_and_offers_it(tmp_path):
 # --------------------------------------------------------------------------- 5, 6, 9. studies
 
 
-def _study(tmp_path, models, **top) -> Path:
-    data = {"name": "s", "out": str(tmp_path / "out"), "models": models, **top}
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
 def test_floating_revisions_are_refused_unless_allowed(tmp_path, config_dir):
     commit = "0123456789abcdef0123456789abcdef01234567"
     with pytest.raises(StudyError, match=r"models\[0\] \(o/m@main\): revision 'main' of o/m is a branch or tag"):
-        load_study(_study(tmp_path, [{"id": "o/m@main"}]))
+        load_study(study_yaml(tmp_path, [{"id": "o/m@main"}]))
     with pytest.raises(StudyError, match=r"models\[1\] \(o/m\): revision 'main'"):  # no revision floats on main
-        load_study(_study(tmp_path, [{"id": f"o/m@{commit}"}, {"id": "o/m"}]))
-    pinned = load_study(_study(tmp_path, [{"id": f"o/m@{commit}"}, {"id": str(config_dir)}, {"id": "smollm2-135m"}]))
+        load_study(study_yaml(tmp_path, [{"id": f"o/m@{commit}"}, {"id": "o/m"}]))
+    pinned = load_study(study_yaml(tmp_path, [{"id": f"o/m@{commit}"}, {"id": str(config_dir)}, {"id": "smollm2-135m"}]))
     assert [r.capture.revision for r in pinned.runs] == [commit, None, None]
-    assert load_study(_study(tmp_path, [{"id": "o/m@lc-4k-to-32k-step-4000"}], allow_floating=True)).allow_floating
+    assert load_study(study_yaml(tmp_path, [{"id": "o/m@lc-4k-to-32k-step-4000"}], allow_floating=True)).allow_floating
     with pytest.raises(StudyError, match="allow_floating must be true or false"):
-        load_study(_study(tmp_path, [{"id": "o/m"}], allow_floating="yes"))
+        load_study(study_yaml(tmp_path, [{"id": "o/m"}], allow_floating="yes"))
 
 
 def test_slurm_resource_keys_reach_the_batch_script(tmp_path, config_dir):
@@ -205,7 +175,7 @@ def test_slurm_resource_keys_reach_the_batch_script(tmp_path, config_dir):
            "partition": "gpu", "timeout_min": 90, "mem_gb": 32, "cpus": 8, "array_parallelism": 3,  # capped at 2 runs
            "setup": ["module load cuda/12.4", "source ~/venv/bin/activate"],
            "sbatch": {"exclusive": True, "mail-type": "END"}}
-    study = load_study(_study(tmp_path, [{"id": str(config_dir), "name": "a"}, {"id": str(config_dir), "name": "b",
+    study = load_study(study_yaml(tmp_path, [{"id": str(config_dir), "name": "a"}, {"id": str(config_dir), "name": "b",
                                                                                 "seed": 1}], resources=res))
     script = slurm_script(study, list(study.runs))
     for line in ("#SBATCH --account=proj42", "#SBATCH --qos=high", "#SBATCH --constraint=hopper",
@@ -225,7 +195,7 @@ def test_slurm_resource_keys_reach_the_batch_script(tmp_path, config_dir):
     ({"gpu_memory_gb": "80"}, "gpu_memory_gb must be a non-negative number"),
 ])
 def test_bad_resources_are_one_line_errors(tmp_path, capsys, resources, message):
-    path = _study(tmp_path, [{"id": "smollm2-135m"}], resources=resources)
+    path = study_yaml(tmp_path, [{"id": "smollm2-135m"}], resources=resources)
     with pytest.raises(StudyError, match=message):
         load_study(path)
     assert main(["study", str(path), "--executor", "slurm", "--dry-run"]) == 2
@@ -234,7 +204,7 @@ def test_bad_resources_are_one_line_errors(tmp_path, capsys, resources, message)
 
 
 def test_slurm_dry_run_validates_prints_the_script_and_submits_nothing(tmp_path, config_dir, capsys):
-    path = _study(tmp_path, [{"id": str(config_dir), "name": "a"}],
+    path = study_yaml(tmp_path, [{"id": str(config_dir), "name": "a"}],
                   defaults={"corpus": "pydoc-topics", "short_docs": "concat", "docs": 2, "seq_len": 256,
                             "bucket_size": 16, "samples_per_bucket": 2, "device": "cpu"},
                   resources={"account": "proj42", "setup": "module load cuda"})
@@ -248,7 +218,7 @@ def test_slurm_dry_run_validates_prints_the_script_and_submits_nothing(tmp_path,
 def test_validation_names_every_failing_run_before_anything_is_submitted(tmp_path, config_dir, capsys):
     defaults = {"corpus": "pydoc-topics", "short_docs": "concat", "docs": 2, "seq_len": 256, "bucket_size": 16,
                 "samples_per_bucket": 2, "device": "cpu"}
-    path = _study(tmp_path, [
+    path = study_yaml(tmp_path, [
         {"id": str(config_dir), "name": "good"},
         {"id": str(config_dir), "name": "too-many-windows", "docs": 100000},
         {"id": str(tmp_path / "no-such-model"), "name": "missing"},
@@ -276,7 +246,7 @@ def test_a_requeued_job_refuses_a_branch_that_moved(tmp_path, monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     first = save_to_hub_cache(tiny_model("llama3"), tiny_tokenizer(), "o/moving", tmp_path / "hub", branch="dev")
-    study = load_study(_study(tmp_path, [{"id": "o/moving@dev", "name": "r"}], allow_floating=True,
+    study = load_study(study_yaml(tmp_path, [{"id": "o/moving@dev", "name": "r"}], allow_floating=True,
                               defaults={"corpus": "pydoc-topics", "short_docs": "concat", "docs": 1, "seq_len": 128,
                                         "bucket_size": 16, "samples_per_bucket": 2, "device": "cpu"}))
     resolved = validate(study, echo=lambda line: None, executor="local")
