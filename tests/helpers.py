@@ -252,3 +252,19 @@ def study_yaml(tmp_path: Path, models: list, **top) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
+
+def smoke_refs(out: Path, seed: int) -> dict:
+    """The hub branches of one seed of a training in ``out`` (name -> commit)."""
+    from qkplast.train import hub_cache, repo_id
+    from qkplast.train.hub import branches
+
+    return branches(hub_cache(out), repo_id(seed))
+
+
+def smoke_branch_names() -> tuple[str, str]:
+    """The smoke preset's final stage-A branch and an intermediate one (its second checkpoint)."""
+    from qkplast.train import PRESETS
+
+    smoke = PRESETS["smoke"]
+    return f"stageA-step{smoke.steps}", f"stageA-step{smoke.checkpoint_steps('stageA')[1]}"
+

@@ -11,22 +11,17 @@ import time
 
 import pytest
 
-from qkplast.train import PRESETS, hub_cache, repo_id
-from qkplast.train.hub import branches
+from qkplast.train import PRESETS, repo_id
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, smoke_branch_names, smoke_refs
 
 SMOKE = PRESETS["smoke"]
-FINAL, MID = f"stageA-step{SMOKE.steps}", f"stageA-step{SMOKE.checkpoint_steps('stageA')[1]}"
+FINAL, MID = smoke_branch_names()
 
 
 @pytest.fixture(scope="module")
 def smoke(smoke_training):
     return smoke_training
-
-
-def refs(out, seed):
-    return branches(hub_cache(out), repo_id(seed))
 
 
 def _env():
@@ -56,7 +51,7 @@ def test_a_killed_training_resumes_to_identical_weights(smoke, tmp_path):
     resumed = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     for seed in range(SMOKE.seeds):
-        assert refs(killed, seed) == refs(out, seed)
+        assert smoke_refs(killed, seed) == smoke_refs(out, seed)
     again = json.loads((killed / "training.json").read_text())
     assert [[s["loss"] for s in r["steps"]] for r in again["runs"]] == [[s["loss"] for s in r["steps"]]
                                                                          for r in training["runs"]]
@@ -76,5 +71,5 @@ def test_qkplast_capture_reads_a_branch_offline_with_hf_home(smoke, tmp_path):
 
     ds = open_capture(cap)
     assert (ds.attrs["model"], ds.attrs["revision"], ds.attrs["commit"]) == (
-        repo_id(0), MID, refs(out, 0)[MID])
+        repo_id(0), MID, smoke_refs(out, 0)[MID])
     assert ds.sizes["head"] == SMOKE.layers * SMOKE.heads

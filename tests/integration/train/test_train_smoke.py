@@ -9,21 +9,17 @@ import numpy as np
 import pytest
 
 from qkplast.train import PRESETS, TrainConfig, hub_cache, repo_id, train
-from qkplast.train.hub import branches, snapshot
+from qkplast.train.hub import snapshot
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, smoke_branch_names, smoke_refs
 
 SMOKE = PRESETS["smoke"]
-FINAL, MID = f"stageA-step{SMOKE.steps}", f"stageA-step{SMOKE.checkpoint_steps('stageA')[1]}"
+FINAL, MID = smoke_branch_names()
 
 
 @pytest.fixture(scope="module")
 def smoke(smoke_training):
     return smoke_training
-
-
-def refs(out, seed):
-    return branches(hub_cache(out), repo_id(seed))
 
 
 def test_training_json_has_the_issue_schema(smoke):
@@ -41,7 +37,7 @@ def test_training_json_has_the_issue_schema(smoke):
         assert [s["step"] for s in run["steps"]] == list(range(1, SMOKE.steps_of(run["arm"]) + 1))
         assert all(set(s) == {"step", "loss", "tokens_per_s"} and np.isfinite(s["loss"]) and s["tokens_per_s"] > 0
                    for s in run["steps"])
-        assert set(run["branches"]) <= set(refs(out, run["seed"]))
+        assert set(run["branches"]) <= set(smoke_refs(out, run["seed"]))
     assert not list((out / "state").glob("*.pt"))  # resume states are removed once a run is finished
 
 
@@ -50,8 +46,8 @@ def test_same_seed_gives_identical_weights(smoke, tmp_path):
     out, _ = smoke
     again = tmp_path / "again"
     train(TrainConfig.from_kwargs(SMOKE, seeds=1), again, progress=False)
-    assert refs(again, 0) == refs(out, 0) and len(refs(out, 0)) == 4 + 3 * 3
-    assert refs(out, 1) != refs(out, 0)  # and another seed does not
+    assert smoke_refs(again, 0) == smoke_refs(out, 0) and len(smoke_refs(out, 0)) == 4 + 3 * 3
+    assert smoke_refs(out, 1) != smoke_refs(out, 0)  # and another seed does not
     # the commit is a digest of the files: equal commits are equal weights, byte for byte
     a, b = snapshot(hub_cache(out), repo_id(0), FINAL), snapshot(hub_cache(again), repo_id(0), FINAL)
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
@@ -59,7 +55,7 @@ def test_same_seed_gives_identical_weights(smoke, tmp_path):
 
 def test_the_control_arm_starts_from_the_final_stage_a_weights(smoke):
     out, _ = smoke
-    assert refs(out, 0)["ext-control-step0"] == refs(out, 0)[FINAL]  # same files: same commit
+    assert smoke_refs(out, 0)["ext-control-step0"] == smoke_refs(out, 0)[FINAL]  # same files: same commit
     resc, final = (snapshot(hub_cache(out), repo_id(0), b) for b in ("ext-rescaled-step0", FINAL))
     assert (resc / "model.safetensors").read_bytes() == (final / "model.safetensors").read_bytes()
     assert json.loads((resc / "config.json").read_text())["rope_parameters"]["rope_theta"] == 10 * SMOKE.rope_theta
@@ -74,7 +70,7 @@ def test_branches_resolve_offline_through_qkplast_loading(smoke, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache(out)))
     for branch, theta in ((MID, 1000.0), ("ext-rescaled-step8", 10000.0)):
         loaded = load_model(f"{repo_id(0)}@{branch}", device="cpu", local_files_only=True)
-        assert loaded.info["commit"] == refs(out, 0)[branch] and loaded.info["revision"] == branch
+        assert loaded.info["commit"] == smoke_refs(out, 0)[branch] and loaded.info["revision"] == branch
         assert loaded.model.config.rope_parameters["rope_theta"] == theta
         assert type(loaded.model).__name__ == "LlamaForCausalLM" and loaded.model.config.num_key_value_heads == 1
         assert loaded.tokenizer.decode(loaded.tokenizer("def f(x): return x")["input_ids"]) == "def f(x): return x"
@@ -124,7 +120,7 @@ def test_measure_one_checkpoint(smoke):
 
     out, _ = smoke
     row = measure_checkpoint(out, 1, "ext-rescaled-step8", SMOKE.ext_window, MeasureSettings(docs=2, eval_windows=2))
-    assert row["commit"] == refs(out, 1)["ext-rescaled-step8"] and row["heads"] == SMOKE.layers * SMOKE.heads
+    assert row["commit"] == smoke_refs(out, 1)["ext-rescaled-step8"] and row["heads"] == SMOKE.layers * SMOKE.heads
     assert len(row["loss_by_position"]) == len(position_bins(SMOKE.ext_window)) - 1 and 0 < row["sink_mass"] < 1
     assert all(np.isfinite(v) for k, v in row.items() if isinstance(v, float))
     assert row["ap_drop"] == pytest.approx(row["ap_drop_bias"] + row["ap_drop_content"] + row["ap_drop_interaction"])

@@ -1,22 +1,14 @@
-"""Bad input and faults on the thesis-scale path (issue 23, item 13).
-
-Every bad flag value, corpus file or study file is one line on stderr and exit status 2, before any weights
-load, for each command that takes it (capture, plan, run, study, analyze, compare); two captures started
-into one output never write it both; a capture killed while its final file is written resumes to the
-uninterrupted result.
-"""
+"""Bad input on the thesis-scale path (issue 23, item 13): every bad flag value, corpus file or study file is one
+line on stderr and exit status 2, before any weights load, for each command that takes it (capture, plan, run,
+study, analyze, compare). The faults with a real capture (two writers, kills) are in
+tests/integration/capture/test_faults.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from qkplast.pipeline.cli import main
-from tests.helpers import ROOT
 
 
 
@@ -142,49 +134,3 @@ def test_a_bad_study_file_is_one_line(study, needle, mode, bad_files, capsys, no
 def test_analyze_and_compare_refuse_bad_input_in_one_line(argv, needle, bad_files, tmp_path, capsys):
     line = _one_line(capsys, [a.format(bad=bad_files, tmp=tmp_path) for a in argv])
     assert needle in line, line
-
-
-# --------------------------------------------------------------------------- two writers, kills at the end
-
-_CAPTURE = textwrap.dedent(
-    """
-    import os, sys, time
-    import qkplast.capture.driver as driver
-    from qkplast.options import CaptureOptions
-
-    pause = float(sys.argv[3])
-    original = driver.save_capture
-    def save_then_pause(*args, **kwargs):  # the final file written, the parts not yet removed
-        original(*args, **kwargs)
-        print("final-written", flush=True)
-        time.sleep(pause)
-    driver.save_capture = save_then_pause
-    part_pause = float(sys.argv[5])
-    save_part = driver.PartStore.save
-    def slow_part(self, *args):  # holds the output for a while, so a second writer meets it mid-capture
-        save_part(self, *args)
-        time.sleep(part_pause)
-    driver.PartStore.save = slow_part
-    options = CaptureOptions(model=sys.argv[1], corpus="pydoc-topics", short_docs="concat", seq_len=64, bucket_size=16,
-                             samples_per_bucket=2, heads=5, docs=int(sys.argv[4]))
-    try:
-        driver.run_capture(options, sys.argv[2], progress=False)
-    except Exception as exc:
-        print(f"refused: {exc}", flush=True)
-        sys.exit(3)
-    print("done", flush=True)
-    """
-)
-
-
-def _start(model_dir, out, pause=0.0, docs=12, part_pause=0.0):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", _CAPTURE, str(model_dir), str(out), str(pause), str(docs),
-                             str(part_pause)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-_HOLD = "import sys, time\nfrom pathlib import Path\nfrom qkplast.capture.resume import output_lock\n" \
-        "with output_lock(Path(sys.argv[1])):\n    print('locked', flush=True)\n    time.sleep(600)\n"
-
-
