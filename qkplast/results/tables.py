@@ -391,7 +391,8 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
     Documents are the unit: heads share documents and queries, so a bootstrap over heads is not an interval
     over the data. Each quantity is recomputed with each document left out (:func:`qkplast.analysis.listwise.listwise` on the
     capture without it) and the policy's interval, the bias-corrected jackknife-t (``n - 1`` degrees of freedom), is built from those
-    values (:func:`qkplast.stats.intervals.jackknife_t`). The correlation also gets a permutation p-value
+    values (:func:`qkplast.stats.intervals.jackknife_t`; for the correlation on Fisher's ``z = atanh(rho)``, mapped
+    back, so it stays inside [-1, 1]). The correlation also gets a permutation p-value
     of no association across the heads (head labels of one side shuffled; two-sided).
 
     Returns
@@ -408,9 +409,14 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
         warnings.simplefilter("ignore", PlasticityWarning)
         jack = [listwise_means(listwise(capture.isel(sample=np.flatnonzero(capture.doc.values != d)), opt)) for d in docs]
     keys = list(full)
-    ci = jackknife_t(np.array([full[k] for k in keys]), np.array([[j.get(k, np.nan) for k in keys] for j in jack]), level,
-                     bias_correct=True)
-    iv = {k: (ci["lo"][i], ci["hi"][i]) for i, k in enumerate(keys)}
+    # the correlations on Fisher's z = atanh(rho), where the jackknife-t is close to symmetric, and back with
+    # tanh, so their intervals stay inside [-1, 1]; the means on their own scale
+    is_rho = np.array([k[1] == "rho" for k in keys])
+    to_z = lambda v: np.where(is_rho, np.arctanh(np.clip(v, -1 + 1e-12, 1 - 1e-12)), v)  # noqa: E731
+    ci = jackknife_t(to_z(np.array([full[k] for k in keys])),
+                     to_z(np.array([[j.get(k, np.nan) for k in keys] for j in jack])), level, bias_correct=True)
+    lo, hi = (np.where(is_rho, np.tanh(ci[e]), ci[e]) for e in ("lo", "hi"))
+    iv = {k: (lo[i], hi[i]) for i, k in enumerate(keys)}
     rows = []
     for m in metrics.set_size.values:
         m = int(m)

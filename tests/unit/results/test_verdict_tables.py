@@ -92,3 +92,20 @@ def test_listwise_intervals_leave_the_correlation_open_with_too_few_heads():
         t = tables.listwise_document_intervals(cap, metrics, n_perm=19)
     assert np.isnan(t.loc[8, "rho"]) and np.isnan(t.loc[8, "p_perm"])
     assert np.isfinite(t.loc[2, "model"]) and "4 documents" in t.attrs["method"]
+
+
+def test_the_correlations_interval_stays_inside_minus_one_one(planted, monkeypatch):
+    """rho's jackknife-t runs on Fisher's z and maps back: with leave-one-out correlations this spread near 1, an
+    interval on rho's own scale would pass 1."""
+    cap, _ = planted
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        metrics = analyze(cap, set_sizes=(2, 8), n_pairs=32)
+    means = {(m, name): 0.5 for m in (2, 8) for name in ("ap_set", "ap_set_mc")}
+    rhos = iter([0.95, 0.99, 0.3, 0.98, 0.97, 0.2])  # the whole capture's, then each left-out document's
+    monkeypatch.setattr(tables, "listwise", lambda capture, options: None)
+    monkeypatch.setattr(tables, "listwise_means", lambda lw: {**means, (8, "rho"): next(rhos)})
+    monkeypatch.setattr(tables, "pairwise_predicts_listwise", lambda *a, **k: {"p_perm": 0.5})
+    t = tables.listwise_document_intervals(cap, metrics, n_perm=19)
+    lo, hi = (float(x) for x in t.loc[8, "rho 95% CI"].strip("[]").split(","))
+    assert -1.0 <= lo <= hi <= 1.0 and t.loc[8, "rho"] == pytest.approx(0.95)
