@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from qkplast.analysis.metrics import SCHEMA_VERSION
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.train.config import TrainConfig
 from qkplast.train.data import load_data
@@ -47,6 +48,7 @@ HEAD_MEANS = {
     "ap_first20": lambda m: m.ap_first20,
     "ap_last20": lambda m: m.ap_last20,
     "ap_drop": lambda m: m.ap_drop,
+    "ap_drop_baseline": lambda m: m.ap_drop_baseline,
     "ap_drop_bias": lambda m: m.ap_drop_bias,
     "ap_drop_content": lambda m: m.ap_drop_content,
     "ap_drop_interaction": lambda m: m.ap_drop_interaction,
@@ -176,7 +178,7 @@ def checkpoint_table(out, config: TrainConfig, training: dict, settings: Measure
     for r in tqdm(rows.itertuples(), total=len(rows), desc="checkpoints", disable=not progress, mininterval=20):
         commit = branches(hub_cache(out), repo_id(r.seed))[r.branch]
         key = {"commit": commit, "window": int(r.window), "settings": settings.__dict__,
-               "analysis": analysis.result_key()}
+               "analysis": analysis.result_key(), "metrics_schema": SCHEMA_VERSION}  # a stale row is measured again
         cache = out / "geometry" / f"{commit}-w{r.window}.json"
         cached = json.loads(cache.read_text()) if cache.exists() else None
         if cached is None or cached["key"] != key:

@@ -183,6 +183,15 @@ def _qkplast(argv, cache, timeout):
                           text=True, timeout=timeout)
 
 
+def _prose(n: int, chars: int) -> list[str]:
+    """``n`` passages of the pydoc topics, ``chars`` characters each, each starting at another topic."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[k] for k in sorted(topics))
+    step = len(text) // (n + 1)
+    return [text[i * step: i * step + chars] for i in range(n)]
+
+
 @pytest.fixture(scope="module")
 def readme_run(hub, tmp_path_factory, smoke_training):
     """The README's thesis-scale commands, run as written but for the model (the tiny Qwen3 at its pinned commit in
@@ -191,11 +200,16 @@ def readme_run(hub, tmp_path_factory, smoke_training):
     The run directory starts with the session's smoke training under ``RUN/training/``, which chapter 10 reads
     when it finds a finished training there (its documented reuse; the training itself is tested in
     tests/*/train): the rehearsal checks the command, not six minutes of the default training again."""
-    cache, commits, corpus = hub
+    cache, commits, long = hub
     dry, full = readme_commands()
     assert "--dry-run" in dry and "--dry-run" not in full, "the section shows a dry run, then the run"
     out = tmp_path_factory.mktemp("readme") / "run"
     shutil.copytree(smoke_training[0], out / "training" / "smoke", symlinks=True)
+    # the stand-in corpus: the two 131072-token documents the capture reads, then shorter ones, as a real corpus
+    # has beside them, which chapter 12 needs for its own 512-token windows (geometry, then behaviour)
+    corpus = out.parent / "readme.jsonl"
+    shorter = [json.dumps({"id": f"short{i}", "text": text}) for i, text in enumerate(_prose(16, 6000))]
+    corpus.write_text(long.read_text() + "\n".join(shorter) + "\n")
     values = dict(model=f"{repo_id('qwen3')}@{commits['qwen3']}", corpus=corpus, docs=2)
     t0 = time.perf_counter()
     checked = _qkplast(substitute(dry, **values), cache, 900)
