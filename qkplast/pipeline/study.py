@@ -1,14 +1,6 @@
 """Studies: many runs (models, checkpoints, settings) as one resumable job set (``qkplast study``).
 
-A study file (YAML) names the runs::
-
-    name: thesis-13
-    out: runs/thesis-13          # run directories live under out/<name>/
-    defaults: {corpus: ..., seq_len: 131072, bucket_size: 8192, device: cuda}
-    resources: {gpus: 1, timeout_min: 240, mem_gb: 64, partition: gpu, array_parallelism: 8, max_num_timeout: 5}
-    models:
-      - {id: Qwen/Qwen3-0.6B, rope_scaling: "yarn:4:32768"}
-      - {id: HuggingFaceTB/SmolLM3-3B-checkpoints@stage1-step-40000, name: smollm3-s1-40k, seq_len: 4096}
+A study file (YAML, its format in :mod:`qkplast.rundir.study_file`) names the runs.
 
 The file is parsed and validated by :mod:`qkplast.rundir.study_file`. Each run is one submitit job; jobs with the same
 resources form one SLURM array. A job is checkpointable: on timeout or preemption submitit requeues
