@@ -2,7 +2,7 @@
 # Run the tests. Four tiers: tests/unit (seconds, no model, no subprocess), tests/integration (tiny or embedded
 # models, notebook kernels, several modules), tests/acceptance (end to end: CLI, batches, the book in a browser,
 # a SLURM cluster) and the notebooks' nbval regression (notebooks/). README.md gives the measured time of each.
-#   bash scripts/test.sh                  every tier: pytest tests notebooks, nbval on
+#   bash scripts/test.sh                  every tier: pytest tests notebooks, nbval on, two workers (-n 2)
 #   bash scripts/test.sh tests/unit       the fast path: the unit tier only, no notebook
 #   bash scripts/test.sh ARGS...          pytest with exactly ARGS; nbval is on when notebooks(/...) is among them
 # First it installs what the tests need: the Python environment (scripts/setup.sh) and, when missing, Debian's
@@ -26,8 +26,13 @@ fi
 # OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another
 # process (a notebook kernel beside pytest) is busy on this 2-core machine.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE
+workers=()
 if [ $# -eq 0 ]; then
   set -- tests notebooks
+  # Two pytest workers (pytest-xdist): the notebooks' chain runs in one while the tests run in the other and
+  # beside it; tests/conftest.py groups what must share a worker. QKPLAST_TEST_WORKERS=0 runs in one process.
+  n="${QKPLAST_TEST_WORKERS:-2}"
+  if [ "$n" -gt 0 ]; then workers=(-n "$n" --dist loadgroup --no-loadscope-reorder); fi
 fi
 nb=()
 for arg in "$@"; do
@@ -40,4 +45,4 @@ for arg in "$@"; do
   esac
 done
 # --durations: the slowest tests are listed in every CI log, so the ~25-minute budget can be watched.
-.venv/bin/python -m pytest "$@" "${nb[@]}" --durations=30
+.venv/bin/python -m pytest "$@" "${nb[@]}" "${workers[@]}" --durations=30

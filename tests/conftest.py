@@ -30,9 +30,48 @@ def tier_of(path: Path) -> str | None:
     return folder if folder in TIERS else None
 
 
+#: Notebooks that never read the run directory's capture (chapter 10 trains its own model, chapter 01 reads only
+#: the run's settings): under ``-n 2`` they run beside the chain of notebooks that captures and reads the run.
+NOTEBOOKS_OFF_THE_RUN = ("01_rope", "10_results_training")
+#: The order the work is handed out under ``-n``, longest first: the notebooks' chain, the other notebooks, then
+#: the tiers from the slowest.
+ORDER = ("nbval-run", "nbval-off-run", "acceptance", "integration", "unit")
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in under ``pytest -n N`` (scripts/test.sh): one worker runs a group, in collection
+    order. The notebooks that share the default run directory form one group (chapter 02 captures what the later
+    chapters read, so they must not start beside it), the tests on a SLURM test cluster another (one cluster at a
+    time on this host; their names say ``slurm_cluster``), and every other test file its own (its module fixtures
+    are built once)."""
+    path, _, name = nodeid.partition("::")
+    if path.endswith(".ipynb"):
+        return "nbval-off-run" if Path(path).stem in NOTEBOOKS_OFF_THE_RUN else "nbval-run"
+    return "slurm" if "slurm_cluster" in name else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler with the project's groups (:func:`xdist_group`) whatever ``--dist`` says: a
+    notebook's cells share one kernel and the chain of notebooks one run directory, so they never split."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def _work_order(item) -> int:
+    group = xdist_group(item.nodeid)
+    return ORDER.index(group if group in ORDER[:2] else tier_of(Path(item.path)) or "unit")
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark each test with its folder's tier. A test file outside the tier folders, or a tier marker written on a
-    test in another folder, is an error: the folder is the one place that says what tier a test is."""
+    test in another folder, is an error: the folder is the one place that says what tier a test is. A test on the
+    SLURM test cluster says so in its name (its ``xdist_group``). The items are put in :data:`ORDER` (stable:
+    the order inside each notebook and each file is kept), so that under ``-n`` the longest work starts first."""
     for item in items:
         path = Path(item.path).resolve()
         if path.is_relative_to(TESTS) and path.relative_to(TESTS).parts[0] not in FOLDERS:
@@ -46,6 +85,10 @@ def pytest_collection_modifyitems(config, items):
                 f"sets the tier, move the test to tests/{sorted(written)[0]}/ and drop the marker")
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+        if "slurm" in getattr(item, "fixturenames", ()) and xdist_group(item.nodeid) != "slurm":
+            raise pytest.UsageError(f"{item.nodeid} starts a SLURM test cluster: put 'slurm_cluster' in its name, so "
+                                    "that it never runs beside another cluster under -n (tests/conftest.py)")
+    items.sort(key=_work_order)
 
 
 @pytest.fixture(autouse=True)
