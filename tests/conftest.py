@@ -51,8 +51,11 @@ def xdist_group(nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's scheduler with the project's groups (:func:`xdist_group`) whatever ``--dist`` says: a
-    notebook's cells share one kernel and the chain of notebooks one run directory, so they never split."""
+    """pytest-xdist's scheduler with the project's groups (:func:`xdist_group`) for every load-balancing ``--dist``
+    (load, loadscope, loadfile, loadgroup): a notebook's cells share one kernel and the chain of notebooks one run
+    directory, so they never split. Other modes (each, worksteal) keep xdist's own scheduler."""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):

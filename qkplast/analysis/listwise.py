@@ -242,9 +242,9 @@ def set_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, 
             keep = mask[b].sum(-1) >= 2  # sets with at least two keys
             # slots no set of this bucket uses go (the slot axis is padded to the largest bucket's): they can
             # never win, and the whole-set size 0 would otherwise carry every bucket at the last one's key count
-            width = int(np.flatnonzero(mask[b][keep].any(0)).max(initial=-1)) + 1
-            sets.append((torch.as_tensor(np.where(mask[b][keep], local[idx[b][keep]], 0)[:, :width], device=dev),
-                         torch.as_tensor(mask[b][keep][:, :width], device=dev)))
+            used = mask[b][keep][:, : int(np.flatnonzero(mask[b][keep].any(0)).max(initial=-1)) + 1]  # [set, slot]
+            slots = idx[b][keep][:, : used.shape[1]]  # [set, slot]
+            sets.append((torch.as_tensor(np.where(used, local[slots], 0), device=dev), torch.as_tensor(used, device=dev)))
         nearest = sample_bucket[keys] == sample_bucket[keys].max()
         same = code[qs][:, None] == code[keys][None, :]
         has = (same & nearest[None]).any(1)
