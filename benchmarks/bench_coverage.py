@@ -12,17 +12,19 @@ each interval method's end points compared with the truth:
 
 * for ``bias_strength``, ``key_position_slope``, ``ap_overall``, ``ap_first20``, ``ap_last20``, ``ap_drop``
   (:func:`qkplast.stats.bootstrap.bootstrap`, 1000 replicates by reweighting): the policy's interval, basic,
-  percentile, BCa, jackknife-t around the estimate (leave-one-document-out values by reweighting)
-  and the bias-corrected jackknife-t (the same half-width around ``n estimate - (n - 1) mean(jackknife)``);
+  percentile, BCa, jackknife-t around the estimate (leave-one-document-out values by reweighting),
+  the bias-corrected jackknife-t (the same half-width around ``n estimate - (n - 1) mean(jackknife)``) and
+  the same centre with the corrected estimate's own standard error (leave-two-out values, up to 16 documents);
 * for ``ap_drop`` and its four parts (:mod:`qkplast.analysis.decompose`): jackknife-t over documents with
   each leave-one-out capture re-analysed whole with its share of the whole capture's key pairs, plain and
-  bias-corrected (:func:`qkplast.stats.bootstrap.document_interval`, the interval the book reports for the parts).
+  bias-corrected, and the policy's interval (:func:`qkplast.stats.bootstrap.document_interval`, the interval
+  the book reports for the parts: below 8 documents with each pair of documents left out as well).
 
 The table goes to ``data/coverage.csv`` (one row per world, document count, quantity and method: coverage,
 its binomial standard error, the share of misses below and above, mean width), each world's truth to
 ``data/coverage_truth.csv`` (computed once, reused by later runs with the same ``--truth-docs``). Not part of the book build:
 
-    python benchmarks/bench_coverage.py [--replicates 500] [--docs 4 8 16] [--workers 2]
+    python benchmarks/bench_coverage.py [--replicates 500] [--first-replicate 0] [--docs 4 8 16] [--workers 2]
 
 Each replicate runs single-threaded in its own process; ``--workers`` processes run at once.
 """
@@ -51,7 +53,10 @@ BOOT_METRICS = ("ap_overall", "ap_first20", "ap_last20", "ap_drop", "bias_streng
 PART_QUANTITIES = ("ap_drop", "ap_drop_baseline", "ap_drop_bias", "ap_drop_content", "ap_drop_interaction")
 BOOT_METHODS = {"policy": ("lo", "hi"), "basic": ("lo_basic", "hi_basic"), "percentile": ("lo_percentile", "hi_percentile"),
                 "BCa": ("lo_bca", "hi_bca"), "jackknife-t": ("lo_jackknife_t", "hi_jackknife_t"),
-                "bias-corrected jackknife-t": ("lo_jackknife_bc", "hi_jackknife_bc")}
+                "bias-corrected jackknife-t": ("lo_jackknife_bc", "hi_jackknife_bc"),
+                "bias-corrected jackknife-t, two-level se": ("lo_jackknife_bc2", "hi_jackknife_bc2")}
+#: the AP_drop parts' methods (each left-out capture re-analysed); "policy (re-analysed)" is what the book reports
+PART_METHODS = ("jackknife-t (re-analysed)", "bias-corrected jackknife-t (re-analysed)", "policy (re-analysed)")
 
 
 def _quiet():
@@ -96,13 +101,14 @@ def one_replicate(args) -> list[dict]:
         for method, (lo, hi) in BOOT_METHODS.items():
             rows.append({**row, "quantity": metric, "method": method, "policy": boot.attrs["interval"],
                          "estimate": float(b.estimate), "lo": float(b[lo]), "hi": float(b[hi])})
-    # AP_drop and its parts: a jackknife whose every capture is re-analysed whole (key pairs drawn again), plain and
-    # around the bias-corrected estimate (the policy's)
+    # AP_drop and its parts: a jackknife whose every capture is re-analysed whole (each keeping its share of the
+    # whole capture's key pairs), plain, around the bias-corrected estimate, and the policy's interval
     opt = AnalysisOptions()
     parts = document_interval(cap, lambda c, pairs=None: [model_level_terms(c, opt, pairs=pairs)[q] for q in PART_QUANTITIES],
                               pairs_of=opt)
     plain = jackknife_t(parts["point"], parts["jackknife"])
-    for method, res in (("jackknife-t (re-analysed)", plain), ("bias-corrected jackknife-t (re-analysed)", parts)):
+    corrected = jackknife_t(parts["point"], parts["jackknife"], bias_correct=True)
+    for method, res in zip(PART_METHODS, (plain, corrected, parts)):
         for i, q in enumerate(PART_QUANTITIES):
             rows.append({**row, "quantity": q + " (parts)", "method": method, "policy": parts["interval"],
                          "estimate": float(parts["point"][i]), "lo": float(res["lo"][i]), "hi": float(res["hi"][i])})
@@ -129,6 +135,8 @@ def coverage_table(raw: pd.DataFrame, true: pd.DataFrame) -> pd.DataFrame:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicates", type=int, default=500)
+    ap.add_argument("--first-replicate", type=int, default=0,
+                    help="replicate numbers start here (a confirmation run on captures no earlier run used)")
     ap.add_argument("--docs", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--truth-docs", type=int, default=1024)
@@ -155,7 +163,8 @@ def main():
         return
     truth_jobs = [(w, args.truth_docs, s) for w in worlds for s in range(args.truth_seeds)]
     # replicate-major order: a run stopped by --deadline leaves every (world, docs) cell with the same count
-    jobs = [(w, n, r, args.n_boot, args.parts_only) for r in range(args.replicates) for n in args.docs for w in worlds]
+    jobs = [(w, n, r, args.n_boot, args.parts_only) for r in range(args.first_replicate, args.first_replicate + args.replicates)
+            for n in args.docs for w in worlds]
     truth_file = Path(args.out).with_name("coverage_truth.csv")
     known = pd.read_csv(truth_file) if truth_file.exists() else pd.DataFrame(columns=["world", "truth_docs"])
     known = known[(known.truth_docs == args.truth_docs) & known.world.isin(worlds)]

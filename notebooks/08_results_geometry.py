@@ -85,7 +85,8 @@ fig = qp.taxonomy_scatter(metrics)
 # spread across heads compare across models. The intervals are over documents (`n_boot` bootstrap
 # replicates; the note under the table states the count and how replicates are computed, see
 # `qkplast.stats.bootstrap`). The first is the inference policy's interval for this many documents (the
-# bias-corrected jackknife-t, chosen by its measured coverage,
+# bias-corrected jackknife-t, below 8 documents with the corrected estimate's own standard error, chosen by its
+# measured coverage,
 # {doc}`07_corrections`); basic, percentile, BCa and jackknife-t are shown beside it.
 
 # %%

@@ -59,7 +59,8 @@ fig = qp.quintile_profiles(quintiles)
 # ## Uncertainty: bootstrap over documents
 #
 # The thesis's tables carry no uncertainty. Here every aggregate gets an interval over documents: the
-# inference policy's interval first (the bias-corrected jackknife-t, chosen by its measured coverage,
+# inference policy's interval first (the bias-corrected jackknife-t, below 8 documents with the corrected
+# estimate's own standard error, chosen by its measured coverage,
 # {doc}`07_corrections`), and beside it the basic, percentile, BCa and
 # jackknife-t intervals of a bootstrap with `n_boot` replicates (the note states the count and the method).
 # With the handful of documents of the default run the intervals are wide: whether the policy's interval

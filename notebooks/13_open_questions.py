@@ -50,7 +50,8 @@
 # *contradicted* on the other side under the same conditions; otherwise *left open*. Holm's correction runs
 # across the conditions for the mechanism (one family) and across the listwise and GQA readings (another).
 # The intervals are bias-corrected jackknife-t intervals over documents with $n-1$ degrees of freedom (the
-# inference policy, whose coverage {doc}`07_corrections` shows), each left-out capture re-analysed whole. The descriptive tables (listwise means, the decomposition, the nearest-bucket mass)
+# inference policy, whose coverage {doc}`07_corrections` shows: below 8 documents the corrected estimate's own
+# standard error, from the captures with two documents left out), each left-out capture re-analysed whole. The descriptive tables (listwise means, the decomposition, the nearest-bucket mass)
 # carry intervals and no verdict.
 
 # %% tags=["parameters"]

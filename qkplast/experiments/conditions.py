@@ -16,8 +16,9 @@ Each condition here is a capture of the same documents, decomposed with
 ``all_positions``    the baseline at every position: the source of the null
 
 Intervals: every condition's difference to the baseline is paired by document (the conditions share
-their documents), and its interval is the bias-corrected jackknife-t over documents with both captures
-re-analysed whole with each document left out (:func:`condition_table`), the inference policy's interval. The null: what the decomposition's parts do with no intervention at all. The baseline with
+their documents), and its interval is the inference policy's over documents (the bias-corrected jackknife-t,
+below 8 documents with the corrected estimate's own standard error) with both captures re-analysed whole with
+each document, and each pair of documents, left out (:func:`condition_table`). The null: what the decomposition's parts do with no intervention at all. The baseline with
 other sampled positions is cut, for many seeds, from the capture of the baseline at every position
 (:func:`reseeded_captures`: exactly the captures a new seed would take, one forward pass for all of
 them); each condition's difference is ranked among the reseeded differences (:func:`read_conditions`),
@@ -335,15 +336,15 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
     """AP_drop and its four parts per condition, and each condition's paired difference to ``baseline``.
 
     Returns two long tables (condition, quantity, estimate, lo, hi): each condition's model-level means
-    over heads with the policy's interval over documents (bias-corrected jackknife-t), and the differences
-    to the baseline with the same interval of the paired difference (each document left out of both captures, both
-    re-analysed whole) and its two-sided t p-value. The capture at every position is left out (it is
+    over heads with the policy's interval over documents (:func:`qkplast.stats.intervals.policy_interval`), and
+    the differences to the baseline with the same interval of the paired difference (each document, and below 8
+    documents each pair, left out of both captures, both re-analysed whole) and its two-sided t p-value. The capture at every position is left out (it is
     the null's source, not a condition).
     """
     from tqdm.auto import tqdm
 
     from qkplast.analysis.decompose import model_level_terms
-    from qkplast.stats.intervals import jackknife_t
+    from qkplast.stats.intervals import needs_leave_two_out, policy_interval
 
     if "baseline" not in captures:
         raise ValueError("condition_table needs a 'baseline' condition")
@@ -353,29 +354,31 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
         raise ValueError(f"conditions hold different documents {sorted(set(docs.values()))}: the differences are paired "
                          "by document")
     doc_ids = docs["baseline"]
-    from qkplast.stats.bootstrap import document_jackknife
+    from qkplast.stats.bootstrap import INTERVAL_NAMES, document_jackknife, document_jackknife2
 
     opt = options or AnalysisOptions()
     values = lambda cap, pairs=None: np.array(list(model_level_terms(cap, opt, pairs=pairs).values()))  # noqa: E731
-    est, jack = {}, {}
+    two = needs_leave_two_out(len(doc_ids))
+    est, jack, jack2 = {}, {}, {}
     for name, cap in tqdm(captures.items(), desc="conditions", disable=not progress):
         est[name] = values(cap)
         jack[name] = document_jackknife(cap, values, pairs_of=opt)  # [doc, quantity], each keeping its share of pairs
+        jack2[name] = document_jackknife2(cap, values, pairs_of=opt) if two else None  # [doc pair, quantity]
     rows, diffs = [], []
     for name in captures:
-        own = jackknife_t(est[name], jack[name], level, bias_correct=True)
+        own = policy_interval(est[name], jack[name], jack2[name], level)
         rows += [{"condition": name, "quantity": q, "estimate": est[name][i], "lo": own["lo"][i], "hi": own["hi"][i]}
                  for i, q in enumerate(QUANTITIES)]
         if name == "baseline":
             continue
         delta = est[name] - est["baseline"]
-        d = jackknife_t(delta, jack[name] - jack["baseline"], level, bias_correct=True)
+        d = policy_interval(delta, jack[name] - jack["baseline"], jack2[name] - jack2["baseline"] if two else None, level)
         diffs += [{"condition": name, "quantity": q, "estimate": delta[i], "lo": d["lo"][i], "hi": d["hi"][i],
                    "p_t": d["p"][i]} for i, q in enumerate(QUANTITIES)]
     out_v, out_d = pd.DataFrame(rows), pd.DataFrame(diffs)
     for t in (out_v, out_d):
         t.attrs.update(level=level, documents=len(doc_ids),
-                       interval="bias-corrected jackknife-t over documents (captures re-analysed)")
+                       interval=f"{INTERVAL_NAMES[own['interval']]} over documents (captures re-analysed)")
     return out_v, out_d
 
 

@@ -19,7 +19,7 @@ from qkplast.analysis.listwise import listwise, listwise_means, pairwise_predict
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.options import AnalysisOptions
 from qkplast.results import reference
-from qkplast.stats.intervals import jackknife_t, t_interval
+from qkplast.stats.intervals import leave_two_out, needs_leave_two_out, policy_interval, t_interval
 
 #: (label, thesis fact name in scalar_facts.csv, function of the metrics, scale to the fact's unit)
 GEOMETRY = (
@@ -173,10 +173,15 @@ INTERVALS = (("basic", "lo_basic", "hi_basic"), ("percentile", "lo_percentile", 
              ("BCa", "lo_bca", "hi_bca"), ("jackknife-t", "lo_jackknife_t", "hi_jackknife_t"))
 
 
-def _policy_label(boot: xr.Dataset) -> str:
+def _interval_words(name: str) -> str:
+    """How pages print an interval method's name (:data:`qkplast.stats.bootstrap.INTERVAL_NAMES`)."""
     from qkplast.stats.bootstrap import INTERVAL_NAMES
 
-    return f"policy ({INTERVAL_NAMES.get(boot.attrs.get('interval'), boot.attrs.get('interval', '?'))})"
+    return INTERVAL_NAMES.get(name, name)
+
+
+def _policy_label(boot: xr.Dataset) -> str:
+    return f"policy ({_interval_words(boot.attrs.get('interval', '?'))})"
 
 
 def with_intervals(boot: xr.Dataset, digits: int = 3) -> pd.DataFrame:
@@ -289,8 +294,8 @@ def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, 
     out = pd.DataFrame({"mean over heads": ci["point"], "bias-corrected": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
                         f"{int(100 * level)}% hi": ci["hi"],
                         "share of heads > 0": [float((metrics[n] > 0).mean()) for n in names]}, index=names)
-    out.attrs["method"] = (f"bias-corrected jackknife-t over {len(ci['jackknife'])} documents ({len(ci['jackknife']) - 1} degrees of "
-                           "freedom), each left-out capture re-analysed")
+    out.attrs["method"] = (f"{_interval_words(ci['interval'])} over {len(ci['jackknife'])} documents "
+                           f"({len(ci['jackknife']) - 1} degrees of freedom), each left-out capture re-analysed")
     return out
 
 
@@ -322,8 +327,8 @@ def gqa_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: in
                         "between groups": [float(labels.between)], "label null mean": [float(labels.null_mean)],
                         "p (labels permuted)": [float(labels.p_value)], "key null mean": [float(keys.null_mean)],
                         "p (keys kept)": [float(keys.p_value)]}, index=pd.Index(["ap (closed form)"], name="profile"))
-    out.attrs.update(n_perm=n_perm, method=f"bias-corrected jackknife-t over documents; nulls: {labels.attrs['method']}; "
-                                           f"{keys.attrs['method']}")
+    out.attrs.update(n_perm=n_perm, method=f"{_interval_words(ci['interval'])} over documents; nulls: "
+                                           f"{labels.attrs['method']}; {keys.attrs['method']}")
     return out
 
 
@@ -339,14 +344,18 @@ def coverage_results(path=None) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
+#: the coverage table's rows of the policy's interval: the bootstrap's ``lo``/``hi`` for its six quantities, and
+#: :func:`qkplast.stats.bootstrap.document_interval` (each left-out capture re-analysed) for the AP_drop parts
+POLICY_METHODS = ("policy", "policy (re-analysed)")
+
+
 def coverage_summary(table: pd.DataFrame, n_docs: int) -> pd.DataFrame:
     """Coverage of each method at each document count (columns), per world and quantity (rows), as printed;
     and, in ``attrs``, the smallest coverage of the policy's interval at ``n_docs`` documents over every
     world and quantity (``policy_min``, its binomial standard error ``policy_min_se``) and where it occurs,
     the fewest replicates of any cell and the document counts measured."""
     wide = table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage", sort=False)
-    # the policy's interval: "policy" for the bootstrap's six, the bias-corrected re-analysed jackknife for the parts
-    policy = table[(table.docs == n_docs) & table.method.isin(["policy", "bias-corrected jackknife-t (re-analysed)"])]
+    policy = table[(table.docs == n_docs) & table.method.isin(POLICY_METHODS)]
     worst = policy.loc[policy.coverage.idxmin()] if len(policy) else None
     wide.attrs.update(policy_min=float(worst.coverage) if worst is not None else float("nan"),
                       policy_min_se=float(worst.coverage_se) if worst is not None else float("nan"),
@@ -390,8 +399,9 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
 
     Documents are the unit: heads share documents and queries, so a bootstrap over heads is not an interval
     over the data. Each quantity is recomputed with each document left out (:func:`qkplast.analysis.listwise.listwise` on the
-    capture without it) and the policy's interval, the bias-corrected jackknife-t (``n - 1`` degrees of freedom), is built from those
-    values (:func:`qkplast.stats.intervals.jackknife_t`; for the correlation on Fisher's ``z = atanh(rho)``, mapped
+    capture without it), and below 8 documents with each pair left out, and the policy's interval, the bias-corrected
+    jackknife-t (``n - 1`` degrees of freedom), is built from those
+    values (:func:`qkplast.stats.intervals.policy_interval`; for the correlation on Fisher's ``z = atanh(rho)``, mapped
     back, so it stays inside [-1, 1]). The correlation also gets a permutation p-value
     of no association across the heads (head labels of one side shuffled; two-sided).
 
@@ -407,14 +417,18 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
     full = listwise_means(metrics)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PlasticityWarning)
-        jack = [listwise_means(listwise(capture.isel(sample=np.flatnonzero(capture.doc.values != d)), opt)) for d in docs]
+        without = lambda left: listwise_means(listwise(capture.isel(  # noqa: E731
+            sample=np.flatnonzero(~np.isin(capture.doc.values, left))), opt))
+        jack = [without([d]) for d in docs]
+        jack2 = [without(docs[list(p)]) for p in leave_two_out(len(docs))] if needs_leave_two_out(len(docs)) else None
     keys = list(full)
     # the correlations on Fisher's z = atanh(rho), where the jackknife-t is close to symmetric, and back with
     # tanh, so their intervals stay inside [-1, 1]; the means on their own scale
     is_rho = np.array([k[1] == "rho" for k in keys])
     to_z = lambda v: np.where(is_rho, np.arctanh(np.clip(v, -1 + 1e-12, 1 - 1e-12)), v)  # noqa: E731
-    ci = jackknife_t(to_z(np.array([full[k] for k in keys])),
-                     to_z(np.array([[j.get(k, np.nan) for k in keys] for j in jack])), level, bias_correct=True)
+    values = lambda js: to_z(np.array([[j.get(k, np.nan) for k in keys] for j in js]))  # noqa: E731
+    ci = policy_interval(to_z(np.array([full[k] for k in keys])), values(jack),
+                         values(jack2) if jack2 is not None else None, level)
     lo, hi = (np.where(is_rho, np.tanh(ci[e]), ci[e]) for e in ("lo", "hi"))
     iv = {k: (lo[i], hi[i]) for i, k in enumerate(keys)}
     rows = []
@@ -432,8 +446,8 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
                              if np.isfinite(full[(m, "rho")]) else np.nan)
         rows.append(row)
     out = pd.DataFrame(rows).set_index("set size")
-    out.attrs["method"] = (f"bias-corrected jackknife-t over {len(docs)} documents ({len(docs) - 1} degrees of freedom), each "
-                           "left-out capture re-analysed; permutation p over heads for rho")
+    out.attrs["method"] = (f"{_interval_words(ci['interval'])} over {len(docs)} documents ({len(docs) - 1} degrees of "
+                           "freedom), each left-out capture re-analysed; permutation p over heads for rho")
     return out
 
 

@@ -22,15 +22,17 @@ basic, percentile, BCa (bias-corrected and accelerated; the acceleration
 from a jackknife over documents, Efron 1987) and jackknife-t (the estimate
 plus or minus ``t_{n-1}`` times the jackknife standard error). ``lo``/``hi``
 hold the one the inference policy reports for this many documents
-(:func:`qkplast.stats.intervals.interval_policy`: jackknife-t below 8
-documents, where a bootstrap cannot reach its nominal coverage, BCa from
-there on), named in ``attrs["interval"]``; ``benchmarks/bench_coverage.py``
-measures every method's coverage on planted worlds.
+(:func:`qkplast.stats.intervals.interval_policy`: the bias-corrected
+jackknife-t, with the standard error of the corrected estimate from
+leave-two-out values below 8 documents), named in ``attrs["interval"]``;
+``benchmarks/bench_coverage.py`` measures every method's coverage on planted
+worlds.
 
 :func:`document_jackknife` and :func:`document_interval` give the same
 policy interval for any model-level statistic of a capture (the AP_drop
 parts of :mod:`qkplast.analysis.decompose` among them) by re-analysing the
-capture with each document left out.
+capture with each document left out (and each pair of documents, where
+the policy needs it: :func:`document_jackknife2`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from qkplast._torch import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import closed_form_ap, summarize_profile
-from qkplast.stats.intervals import interval_policy, jackknife_t
+from qkplast.stats.intervals import jackknife_t, leave_two_out, needs_leave_two_out, policy_interval
 from qkplast.stats.reweight import STATISTICS, reweighted_statistics, supports
 from qkplast.analysis.rotation import rotation_kernel
 
@@ -56,7 +58,11 @@ METRICS = STATISTICS
 DEFAULT_REPLICATES = 1000
 #: Version of :func:`bootstrap`'s output: bump it when its variables or intervals change, so run
 #: directories recompute their bootstrap instead of reusing a stale one.
-SCHEMA_VERSION = 2  # 2: lo/hi are the inference policy's interval (jackknife-t below 8 documents), basic in lo_basic/hi_basic
+SCHEMA_VERSION = 3  # 2: lo/hi are the inference policy's interval, basic in lo_basic/hi_basic; 3: below 8 documents
+#                     the policy's standard error is the corrected estimate's own (leave-two-out values, jackknife2)
+#: the reweighting computes the leave-two-out values up to this many documents (the policy needs them below 8;
+#: the coverage benchmark compares both levels at 8 and 16)
+LEAVE_TWO_OUT_UP_TO = 16
 
 
 def resample_documents(capture: xr.Dataset, rng: np.random.Generator) -> xr.Dataset:
@@ -144,8 +150,12 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         Dim ``metric``: ``estimate`` (full capture), ``lo``/``hi`` (the policy's interval for this many
         documents, named in ``attrs["interval"]``), ``lo_basic``/``hi_basic``,
         ``lo_percentile``/``hi_percentile``, ``lo_bca``/``hi_bca`` (BCa, acceleration from the jackknife
-        over documents ``jackknife``), ``lo_jackknife_t``/``hi_jackknife_t`` with ``se_jackknife`` and
-        ``p_jackknife`` (two-sided p-value of zero on ``n - 1`` degrees of freedom), ``bias`` (mean of the
+        over documents ``jackknife``), ``lo_jackknife_t``/``hi_jackknife_t`` with ``se_jackknife``,
+        ``lo_jackknife_bc``/``hi_jackknife_bc`` (around ``estimate_bc``, one-level standard error),
+        ``lo_jackknife_bc2``/``hi_jackknife_bc2`` with ``se_jackknife_bc2`` (the same centre, the corrected
+        estimate's standard error from ``jackknife2``, the leave-two-out values over ``document_pair``; NaN
+        where they were not computed), ``p_jackknife`` (two-sided p-value of zero of the policy's interval,
+        ``n - 1`` degrees of freedom), ``bias`` (mean of the
         replicates minus the estimate), ``se`` (bootstrap standard error), ``z0``, ``acceleration``,
         ``replicates`` (``metric, replicate``). Attrs: ``n_boot``, ``level``, ``seed``, ``n_docs``,
         ``interval``, ``method`` (which computation and which intervals, in words).
@@ -176,14 +186,24 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
     rng = np.random.default_rng(seed)
     est = np.array([model_level(capture, opt)[m] for m in METRICS])
     jack_w = 1.0 - np.eye(n_docs)
+    pairs = leave_two_out(n_docs)
+    two_w = 1.0 - np.eye(n_docs)[pairs[:, 0]] - np.eye(n_docs)[pairs[:, 1]]  # [pair, document]
+    want_two = n_docs >= 3 and (needs_leave_two_out(n_docs) or (method == "reweight" and n_docs <= LEAVE_TWO_OUT_UP_TO))
+    jack2 = np.full((len(pairs), len(METRICS)), np.nan)
     if method == "reweight":
         reps = reweighted_statistics(capture, document_weights(n_docs, n_boot, rng), opt)  # [replicate, metric]
-        jack = reweighted_statistics(capture, jack_w, opt)
+        weights = np.concatenate([jack_w, two_w]) if want_two else jack_w
+        both = reweighted_statistics(capture, weights, opt)  # [document (+ pair), metric]
+        jack = both[:n_docs]
+        jack2 = both[n_docs:] if want_two else jack2
     else:
         reps = np.array([list(model_level(resample_documents(capture, rng), opt).values())
                          for _ in tqdm(range(n_boot), desc="bootstrap", disable=not progress)])
-        jack = np.array([list(model_level(capture.isel(sample=np.flatnonzero(capture.doc.values != d)), opt).values())
-                         for d in docs])
+        without = lambda w: list(model_level(capture.isel(sample=np.flatnonzero(np.isin(  # noqa: E731
+            capture.doc.values, docs[w > 0]))), opt).values())
+        jack = np.array([without(w) for w in jack_w])
+        if want_two:
+            jack2 = np.array([without(w) for w in two_w])
     alpha = (1 - level) / 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a metric NaN in every replicate stays NaN
@@ -191,16 +211,18 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         lo_bca, hi_bca, z0, acc = bca_interval(reps, est, jack, level)
         bias, se = np.nanmean(reps, axis=0) - est, np.nanstd(reps, axis=0, ddof=1)
     jt, jbc = jackknife_t(est, jack, level), jackknife_t(est, jack, level, bias_correct=True)
-    policy = interval_policy(n_docs)
-    ends = {"jackknife_t": (jt["lo"], jt["hi"]), "jackknife_bc": (jbc["lo"], jbc["hi"]), "bca": (lo_bca, hi_bca)}[policy]
+    jbc2 = jackknife_t(est, jack, level, bias_correct=True, jackknife2=jack2) if want_two else \
+        {k: np.full_like(est, np.nan) for k in ("lo", "hi", "se", "p")}
+    pol = policy_interval(est, jack, jack2 if want_two else None, level)
+    policy = pol["interval"]
     how = ("per-document sufficient statistics reweighted, batched over replicates (key pairs of the full capture, "
            "weighted by document copies)" if method == "reweight" else
            "each replicate materialised and re-analysed, key pairs redrawn")
     ds = xr.Dataset(
         {
             "estimate": ("metric", est),
-            "lo": ("metric", ends[0]),
-            "hi": ("metric", ends[1]),
+            "lo": ("metric", pol["lo"]),
+            "hi": ("metric", pol["hi"]),
             "lo_basic": ("metric", 2 * est - q_hi),
             "hi_basic": ("metric", 2 * est - q_lo),
             "lo_percentile": ("metric", q_lo),
@@ -212,16 +234,21 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
             "estimate_bc": ("metric", jbc["estimate"]),
             "lo_jackknife_bc": ("metric", jbc["lo"]),
             "hi_jackknife_bc": ("metric", jbc["hi"]),
+            "lo_jackknife_bc2": ("metric", jbc2["lo"]),
+            "hi_jackknife_bc2": ("metric", jbc2["hi"]),
             "se_jackknife": ("metric", jt["se"]),
-            "p_jackknife": ("metric", jbc["p"]),
+            "se_jackknife_bc2": ("metric", jbc2["se"]),
+            "p_jackknife": ("metric", pol["p"]),
             "bias": ("metric", bias),
             "se": ("metric", se),
             "z0": ("metric", z0),
             "acceleration": ("metric", acc),
             "replicates": (("metric", "replicate"), reps.T),
             "jackknife": (("metric", "document"), jack.T),
+            "jackknife2": (("metric", "document_pair"), jack2.T),
         },
-        coords={"metric": list(METRICS), "document": docs},
+        coords={"metric": list(METRICS), "document": docs,
+                "document_pair": [f"{docs[i]}|{docs[j]}" for i, j in pairs]},
         attrs={"n_boot": n_boot, "level": level, "seed": seed, "n_docs": n_docs, "computation": method,
                "interval": policy,
                "method": (f"bootstrap over documents, {n_boot} replicates ({how}); lo/hi: the policy's interval for "
@@ -229,13 +256,15 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
                           f"lo_percentile/hi_percentile: percentile, lo_bca/hi_bca: BCa (acceleration from the "
                           f"jackknife over {n_docs} documents), lo_jackknife_t/hi_jackknife_t: jackknife-t with "
                           f"{n_docs - 1} degrees of freedom around the estimate, lo_jackknife_bc/hi_jackknife_bc: "
-                          f"the same around the bias-corrected estimate estimate_bc; all at level {level}")},
+                          f"the same around the bias-corrected estimate estimate_bc, lo_jackknife_bc2/hi_jackknife_bc2: "
+                          f"around estimate_bc with its own standard error (leave-two-out values); all at level {level}")},
     )
     return ds
 
 
 #: the words for each interval method, as tables and pages print them
-INTERVAL_NAMES = {"jackknife_t": "jackknife-t", "jackknife_bc": "bias-corrected jackknife-t", "bca": "BCa",
+INTERVAL_NAMES = {"jackknife_t": "jackknife-t", "jackknife_bc": "bias-corrected jackknife-t",
+                  "jackknife_bc2": "two-level bias-corrected jackknife-t", "bca": "BCa",
                   "basic": "basic", "percentile": "percentile"}
 
 
@@ -255,15 +284,30 @@ def document_jackknife(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions
     the leave-one-out values do not carry a fresh draw of pairs each (which a bias correction, multiplying
     their deviations by ``n - 1``, would amplify).
     """
-    from qkplast.analysis.plasticity import pairs_without, sample_key_pairs
-
     docs = documents_of(capture)
     if len(docs) < 2:
         raise ValueError(f"a jackknife over documents needs at least two documents, the capture has {len(docs)}")
+    return _documents_left_out(capture, statistic, pairs_of, [[d] for d in docs])
+
+
+def document_jackknife2(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions | None = None) -> np.ndarray:
+    """``statistic`` of the capture with each pair of documents left out: ``[pair, ...]``
+    (:func:`qkplast.stats.intervals.leave_two_out` order over the sorted ids), re-analysed as in
+    :func:`document_jackknife`; the second level of the policy's jackknife below 8 documents."""
+    docs = documents_of(capture)
+    if len(docs) < 3:
+        raise ValueError(f"a leave-two-out jackknife needs at least three documents, the capture has {len(docs)}")
+    return _documents_left_out(capture, statistic, pairs_of, [docs[list(p)] for p in leave_two_out(len(docs))])
+
+
+def _documents_left_out(capture: xr.Dataset, statistic, pairs_of, groups) -> np.ndarray:
+    """``statistic`` of the capture without each group of documents, key pairs drawn once when ``pairs_of``."""
+    from qkplast.analysis.plasticity import pairs_without, sample_key_pairs
+
     full = sample_key_pairs(capture, pairs_of) if pairs_of is not None else None
     out = []
-    for d in docs:
-        keep = capture.doc.values != d
+    for group in groups:
+        keep = ~np.isin(capture.doc.values, group)
         sub = capture.isel(sample=np.flatnonzero(keep))
         value = statistic(sub) if full is None else statistic(sub, pairs=pairs_without(full, keep))
         out.append(np.asarray(value, float))
@@ -276,18 +320,19 @@ def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estim
 
     The policy (:func:`qkplast.stats.intervals.interval_policy`) is the bias-corrected jackknife-t; each
     left-out capture is re-analysed whole, with the whole capture's key pairs when ``pairs_of`` (the
-    analysis options) is given (:func:`document_jackknife`).
+    analysis options) is given (:func:`document_jackknife`), and below 8 documents each capture without two
+    of them as well (:func:`document_jackknife2`), for the corrected estimate's own standard error.
 
     Returns
     -------
     dict
         :func:`qkplast.stats.intervals.jackknife_t`'s fields (``estimate`` is the interval's centre, the
         bias-corrected estimate) plus ``point`` (the statistic on the whole capture), ``jackknife`` (the
-        leave-one-out values) and ``interval`` (the method's name).
+        leave-one-out values), ``jackknife2`` (the leave-two-out values, or None) and ``interval`` (the method's name).
     """
     est = np.asarray(statistic(capture) if estimate is None else estimate, float)
     jack = document_jackknife(capture, statistic, pairs_of)
-    policy = interval_policy(len(jack))
-    out = jackknife_t(est, jack, level, bias_correct=policy == "jackknife_bc")
-    out.update(jackknife=jack, interval=policy, point=est)
+    jack2 = document_jackknife2(capture, statistic, pairs_of) if needs_leave_two_out(len(jack)) else None
+    out = policy_interval(est, jack, jack2, level)
+    out.update(jackknife=jack, jackknife2=jack2, point=est)
     return out

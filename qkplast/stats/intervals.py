@@ -50,32 +50,68 @@ def _student(est, se, n, level: float) -> dict:
     return {"estimate": est, "lo": est - half, "hi": est + half, "se": se, "n": n, "p": p}
 
 
-#: the policy's interval by the number of units: below ``JACKKNIFE_BELOW`` units the bias-corrected jackknife-t
-#: interval (``benchmarks/bench_coverage.py``, data/coverage.csv: at 4 documents the plasticity aggregates are
-#: biased low by about their standard error, which a plain interval around the estimate misses and the
-#: jackknife's bias correction removes; a bootstrap of a few documents covers far less, 4 documents having
-#: only 35 distinct resamples and every resample repeating documents); from there on as well, until the
-#: measured coverage shows another method reaching the target there
+#: the policy's interval by the number of units (``benchmarks/bench_coverage.py``, data/coverage.csv). The
+#: plasticity aggregates of a few documents are biased low by about their standard error, which a plain interval
+#: around the estimate misses and the jackknife's bias correction removes; a bootstrap of a few documents covers
+#: far less (4 documents have only 35 distinct resamples and every resample repeats documents). The corrected
+#: estimate varies more than the estimate (4-13% in standard deviation at 4 documents on the planted worlds), so
+#: below ``JACKKNIFE_BELOW`` units its standard error comes from a jackknife of the corrected estimate itself
+#: (leave-two-out values, at most 21 subsets); from there on the one-level jackknife standard error, the
+#: difference having fallen to a few percent at 8 documents.
 JACKKNIFE_BELOW = 8
-POLICY_INTERVALS = ("jackknife_bc",)
+POLICY_INTERVALS = ("jackknife_bc2", "jackknife_bc")
 
 
 def interval_policy(n_units: int) -> str:
     """The name of the interval the inference policy reports for ``n_units`` independent units.
 
-    ``"jackknife_bc"``: the jackknife-t interval around the jackknife's bias-corrected estimate
-    (:func:`jackknife_t` with ``bias_correct=True``), at every number of units measured so far (4, 8 and 16
-    documents in ``data/coverage.csv``); the bootstrap's percentile and BCa intervals, whose resamples repeat
-    documents and so shrink the between-document variance the plasticity aggregates depend on, cover less.
+    ``"jackknife_bc2"`` from 3 units up to ``JACKKNIFE_BELOW - 1``: the jackknife-t interval around the jackknife's
+    bias-corrected estimate with the standard error of that corrected estimate, from a second-level jackknife
+    (:func:`jackknife_t` with ``jackknife2``; leave-two-out values). ``"jackknife_bc"`` with 2 units (where the
+    two coincide: the correction's second level has no units left) and from ``JACKKNIFE_BELOW`` units on: the same
+    centre with the one-level jackknife standard error. The bootstrap's percentile and BCa intervals, whose resamples
+    repeat documents and so shrink the between-document variance the plasticity aggregates depend on, cover less.
     Units are what varies independently: documents for a capture's statistics, seeds for anything trained;
     windows cut from one document are not independent of each other.
     """
     if n_units < 2:
         raise ValueError(f"an interval needs at least two independent units, got {n_units}")
-    return "jackknife_bc"
+    return "jackknife_bc2" if 3 <= n_units < JACKKNIFE_BELOW else "jackknife_bc"
 
 
-def jackknife_t(estimate, jackknife, level: float = 0.95, bias_correct: bool = False) -> dict[str, np.ndarray]:
+def needs_leave_two_out(n_units: int) -> bool:
+    """Whether the policy's interval for ``n_units`` units needs the leave-two-out values (:func:`leave_two_out`)."""
+    return interval_policy(n_units) == "jackknife_bc2"
+
+
+def leave_two_out(n_units: int) -> np.ndarray:
+    """The unit pairs ``[pair, 2]`` (``i < j``, in ``itertools.combinations`` order) whose joint removal gives the
+    second-level jackknife's values; the order every ``jackknife2`` argument follows."""
+    i, j = np.triu_indices(n_units, 1)
+    return np.stack([i, j], -1)
+
+
+def corrected_jackknife(jackknife, jackknife2) -> np.ndarray:
+    """Leave-one-out values ``[unit, ...]`` of the bias-corrected estimate.
+
+    With unit ``i`` left out, the ``n - 1`` remaining units give their own corrected estimate
+    ``(n - 1) theta_(-i) - (n - 2) mean_{j != i} theta_(-i,-j)`` (Quenouille's correction applied to the
+    sample without ``i``); ``jackknife2`` ``[pair, ...]`` holds ``theta_(-i,-j)`` in :func:`leave_two_out` order.
+    """
+    jack = np.asarray(jackknife, dtype=np.float64)  # [unit, ...]
+    two = np.asarray(jackknife2, dtype=np.float64)  # [pair, ...]
+    n = jack.shape[0]
+    pairs = leave_two_out(n)
+    if two.shape[0] != len(pairs):
+        raise ValueError(f"{n} units have {len(pairs)} leave-two-out values, got {two.shape[0]}")
+    member = np.zeros((n, len(pairs)))  # [unit, pair]: pair (i, j) is in the jackknife of the sample without i and j
+    member[pairs[:, 0], np.arange(len(pairs))] = member[pairs[:, 1], np.arange(len(pairs))] = 1.0 / max(n - 1, 1)
+    inner = np.tensordot(member, two, axes=(1, 0))  # [unit, ...]: mean over j != i of theta_(-i,-j)
+    return (n - 1) * jack - (n - 2) * inner
+
+
+def jackknife_t(estimate, jackknife, level: float = 0.95, bias_correct: bool = False,
+                jackknife2=None) -> dict[str, np.ndarray]:
     """Jackknife-t interval: ``centre +- t_{n-1} se_jack`` from the ``n`` leave-one-unit-out values.
 
     The centre is the estimate, or with ``bias_correct`` Quenouille's bias-corrected estimate
@@ -91,6 +127,11 @@ def jackknife_t(estimate, jackknife, level: float = 0.95, bias_correct: bool = F
         The statistic with each unit left out in turn.
     level : float
         Two-sided coverage.
+    jackknife2 : array_like ``[pair, ...]``, optional
+        The statistic with each pair of units left out (:func:`leave_two_out` order). With ``bias_correct`` the
+        standard error is then the jackknife standard error of the corrected estimate itself, from its
+        leave-one-out values (:func:`corrected_jackknife`): the corrected estimate varies more than the
+        estimate, which the one-level standard error does not see (the policy's ``"jackknife_bc2"``).
 
     Returns
     -------
@@ -102,15 +143,43 @@ def jackknife_t(estimate, jackknife, level: float = 0.95, bias_correct: bool = F
         estimate of the bias) and ``p`` (two-sided p-value of the centre being zero, ``t = centre / se`` on
         ``n - 1`` degrees of freedom). Fewer than two finite units give NaN.
     """
+    if jackknife2 is not None and not bias_correct:
+        raise ValueError("jackknife2 gives the standard error of the bias-corrected estimate: pass bias_correct=True")
     est = np.asarray(estimate, dtype=np.float64)
     jack = np.asarray(jackknife, dtype=np.float64)  # [unit, ...]
+    mean, se, n = _jackknife_se(jack)
+    with np.errstate(invalid="ignore"):
+        bias = (n - 1) * (mean - est)
+    if jackknife2 is not None:
+        _, se, n = _jackknife_se(corrected_jackknife(jack, jackknife2))
+    out = _student(est - bias if bias_correct else est, se, n, level)
+    out["bias"] = bias
+    return out
+
+
+def _jackknife_se(jack: np.ndarray):
+    """Mean, Tukey's standard error and number of finite units of leave-one-out values ``[unit, ...]``."""
     ok = np.isfinite(jack)
     n = ok.sum(0)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(ok, jack, 0.0).sum(0) / n
         dev = np.where(ok, jack - mean, 0.0)
         se = np.sqrt((n - 1) / n * (dev * dev).sum(0))
-        bias = (n - 1) * (mean - est)
-    out = _student(est - bias if bias_correct else est, se, n, level)
-    out["bias"] = bias
+    return mean, se, n
+
+
+def policy_interval(estimate, jackknife, jackknife2=None, level: float = 0.95) -> dict[str, np.ndarray]:
+    """The policy's interval (:func:`interval_policy`) for the ``len(jackknife)`` units of the leave-one-out values.
+
+    ``jackknife2`` (the leave-two-out values, :func:`leave_two_out` order) is needed when the policy is
+    ``"jackknife_bc2"`` (:func:`needs_leave_two_out`) and ignored otherwise. Returns :func:`jackknife_t`'s fields
+    and ``interval`` (the method's name).
+    """
+    n_units = np.asarray(jackknife).shape[0]
+    policy = interval_policy(n_units)
+    if policy == "jackknife_bc2" and jackknife2 is None:
+        raise ValueError(f"the policy's interval for {n_units} units needs the leave-two-out values (jackknife2)")
+    out = jackknife_t(estimate, jackknife, level, bias_correct=True,
+                      jackknife2=jackknife2 if policy == "jackknife_bc2" else None)
+    out["interval"] = policy
     return out

@@ -83,14 +83,14 @@ def test_trajectory_table_and_corpus_comparison(metrics):
     b = bootstrap(cap, n_boot=3, n_pairs=16)
     c = results.corpus_comparison({"x": metrics, "y": metrics}, {"x": b, "y": b})
     assert (c["x"] == c["y"]).all() and c.loc["ap_drop basic interval", "x"].startswith("[")
-    assert c.loc["ap_drop policy (bias-corrected jackknife-t) interval", "x"].startswith("[")
+    assert c.loc["ap_drop policy (two-level bias-corrected jackknife-t) interval", "x"].startswith("[")
     w = results.with_intervals(b)
     assert "95% basic" in w.columns and "95% percentile" in w.columns
-    assert "95% policy (bias-corrected jackknife-t)" in w.columns
+    assert "95% policy (two-level bias-corrected jackknife-t)" in w.columns
     lo, hi = float(b.lo_basic.sel(metric="ap_drop")), float(b.hi_basic.sel(metric="ap_drop"))
     assert w.loc["ap_drop", "95% basic"] == f"[{lo:.3g}, {hi:.3g}]"
     lo, hi = float(b.lo.sel(metric="ap_drop")), float(b.hi.sel(metric="ap_drop"))
-    assert w.loc["ap_drop", "95% policy (bias-corrected jackknife-t)"] == f"[{lo:.3g}, {hi:.3g}]"
+    assert w.loc["ap_drop", "95% policy (two-level bias-corrected jackknife-t)"] == f"[{lo:.3g}, {hi:.3g}]"
     assert "3 replicates" in w.attrs["note"] and "6 documents" in w.attrs["note"]
     if "lo_bca" in b:
         assert "95% BCa" in w.columns and c.loc["ap_drop BCa interval", "x"].startswith("[")
