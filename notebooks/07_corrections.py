@@ -108,8 +108,8 @@ summary.unstack("world").round(3)
 # documents: an interval around the estimate then misses on one side. The jackknife's bias correction,
 # $n\hat\theta - (n-1)\bar\theta_{(\cdot)}$, removes a bias of that order, and the jackknife-t interval around it
 # is the policy's interval (`lo`/`hi` of every bootstrap in this book, with the corrected centre in
-# `estimate_bc`). The corrected estimate varies more than the estimate (on the planted worlds its standard
-# deviation is 4-13% larger at 4 documents), which the jackknife's standard error of $\hat\theta$ does not see:
+# `estimate_bc`). The corrected estimate varies more than the estimate, which the jackknife's standard error
+# of $\hat\theta$ does not see:
 # below 8 documents the policy takes the standard error of the corrected estimate itself, a jackknife of it
 # whose every left-out sample gets its own correction from the values with two documents left out,
 # $(n-1)\hat\theta_{(i)} - (n-2)\,\overline{\theta}_{(i,\cdot)}$ (`qkplast.stats.intervals.corrected_jackknife`;

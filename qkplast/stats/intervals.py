@@ -54,7 +54,7 @@ def _student(est, se, n, level: float) -> dict:
 #: plasticity aggregates of a few documents are biased low by about their standard error, which a plain interval
 #: around the estimate misses and the jackknife's bias correction removes; a bootstrap of a few documents covers
 #: far less (4 documents have only 35 distinct resamples and every resample repeats documents). The corrected
-#: estimate varies more than the estimate (4-13% in standard deviation at 4 documents on the planted worlds), so
+#: estimate varies more than the estimate (its own standard deviation, on the planted worlds at 4 documents), so
 #: below ``JACKKNIFE_BELOW`` units its standard error comes from a jackknife of the corrected estimate itself
 #: (leave-two-out values, at most 21 subsets); from there on the one-level jackknife standard error, the
 #: difference having fallen to a few percent at 8 documents.
