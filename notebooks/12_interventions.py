@@ -84,6 +84,7 @@ distances = [32, 256]  # tokens from the first copy's start to the second's, at 
 seg_len = 16  # tokens of each planted copy
 copy_windows = 6  # behaviour windows, one per document (the unit of the intervals; 5 degrees of freedom)
 geometry_docs = 4  # windows of the geometry capture: the first calibrate the clamps, the others check them (raised as the sampling needs)
+batch_size = 2  # behaviour sequences per forward pass (same values up to rounding; 2 is fastest on two CPU cores)
 
 # %%
 from dataclasses import replace
@@ -172,7 +173,7 @@ print(f"geometry: {len(geo_docs)} windows (clamps calibrated on {len(calibration
 calibrated = qx.load_or_calibrate(run_dir, loaded.model, loaded.tokenizer, documents, geo_capture, geo_metrics, ks=ks,
                                   calibration_docs=calibration_docs, seed=seed)
 grid = qx.load_or_run_grid(run_dir, loaded.model, loaded.tokenizer, windows, geo_metrics, design=design, ks=ks,
-                           n_null=n_null, seed=seed, calibrated=calibrated)
+                           n_null=n_null, seed=seed, calibrated=calibrated, batch_size=batch_size)
 targeted = ~np.isin(grid.kind.values, ["null lowest", "null highest"])
 pd.DataFrame({"kind": grid.kind.values[targeted], "k": grid.k.values[targeted],
               "heads (layer.q_head)": grid.heads.values[targeted]}).set_index(["kind", "k"]).query("k > 0")

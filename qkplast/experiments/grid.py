@@ -136,12 +136,14 @@ def interventions(metrics: xr.Dataset, ks: Sequence[int], n_null: int, seed: int
 
 
 def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesign, ks: Sequence[int], n_null: int,
-             seed: int = 0, progress: bool = False, calibrated: dict | None = None) -> xr.Dataset:
+             seed: int = 0, progress: bool = False, calibrated: dict | None = None, batch_size: int = 1) -> xr.Dataset:
     """Copy ``nll``/``acc`` for every condition: dims ``condition, window, position, distance``.
 
     ``windows`` are token arrays (:func:`qkplast.experiments.behavior.document_windows`). Coords on
     ``condition``: ``kind``, ``k``, ``draw`` (-1 unless a null set) and ``heads`` (:func:`format_heads`).
-    ``calibrated`` maps ``(mode, k)`` to the calibrated clamp of that condition.
+    ``calibrated`` maps ``(mode, k)`` to the calibrated clamp of that condition. ``batch_size`` sequences go
+    through the model in one forward pass (:func:`~qkplast.experiments.behavior.copy_cells`): the same
+    values up to float rounding, faster where the hardware has room (2 on two CPU cores).
     """
     from tqdm.auto import tqdm
 
@@ -149,7 +151,8 @@ def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesi
     parts = []
     for cond in tqdm(conds, desc="conditions", disable=not progress):
         with cond.context(model, metrics, calibrated):
-            parts.append(copy_cells(model, tokenizer, windows, design, seed, sequences=cond.sequences))
+            parts.append(copy_cells(model, tokenizer, windows, design, seed, sequences=cond.sequences,
+                                    batch_size=batch_size))
     grid = xr.concat(parts, dim="condition")
     return grid.assign_coords(
         kind=("condition", [c.kind for c in conds]), k=("condition", [c.k for c in conds]),

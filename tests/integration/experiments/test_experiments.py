@@ -45,6 +45,11 @@ def test_grid_end_to_end_on_a_tiny_model(setup, tmp_path):
     grid = qx.load_or_run_grid(tmp_path, model, tok, windows, metrics, design=DESIGN, ks=[3], n_null=4, calibrated=cal)
     again = qx.load_or_run_grid(tmp_path, model, tok, windows, metrics, design=DESIGN, ks=[3], n_null=4, calibrated=cal)
     np.testing.assert_array_equal(grid.nll.values, again.nll.values)  # from the cache
+    # two sequences per forward pass: the same cells up to float rounding, and a cache entry of its own
+    batched = qx.load_or_run_grid(tmp_path, model, tok, windows, metrics, design=DESIGN, ks=[3], n_null=4,
+                                  calibrated=cal, batch_size=2)
+    np.testing.assert_allclose(batched.nll.values, grid.nll.values, rtol=1e-5, atol=1e-6)
+    assert len(list(tmp_path.glob("interventions*"))) == 2
     assert grid.nll.dims == ("condition", "window", "position", "distance")
     kinds = list(grid.kind.values)
     assert kinds == ["none", "lowest"] + ["null lowest"] * 4 + ["highest"] + ["null highest"] * 4 + ["clamp key",
