@@ -320,7 +320,7 @@ def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx
     g = g.view(n_set, n_slot, -1)  # [set, slot, head * query]
     # the keys within 2 bound of the top score: one key means a certain winner, which is then that key (a
     # reduction over the slots as a product, faster here than max with indices over a middle axis)
-    # the comparison writes float32 itself (a bool result converted afterwards costs a third more)
+    # the comparison writes float32 itself: converting a bool result afterwards is one more pass over the scores
     close = torch.ge(g, (g.amax(1) - 2 * bound)[:, None], out=torch.empty_like(g))  # [set, slot, head * query]
     # one product gives both the number of close keys and, where it is one, the winner's slot
     count_arg = torch.matmul(torch.stack([torch.ones(n_slot, device=g.device),
@@ -354,23 +354,21 @@ def _winner_slots(arg: torch.Tensor, n_head: int, n: int) -> torch.Tensor:
     return arg * n_head + head  # [set, head * query]
 
 
-def float32_scores(rows: torch.Tensor, keys: torch.Tensor, keys32: torch.Tensor | None = None,
-                   key_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def float32_scores(rows: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 scores ``[key, head * row]`` (keys first) of float64 ``rows`` ``[head, row, dim]`` against ``keys``
     ``[head, key, dim]`` and the rounding bound ``[head * row]`` of each row's scores (module
     :mod:`qkplast.analysis.signs`); an infinite bound (every winner scored again) where float32 could
-    overflow or torch runs float32 products in a lower precision. ``keys32`` and ``key_norm`` (the keys'
-    float32 copy and largest norm per head) may be passed when several row sets meet the same keys."""
-    key_norm = torch.linalg.vector_norm(keys, dim=-1).amax(-1, keepdim=True) if key_norm is None else key_norm
-    keys32 = keys.to(torch.float32) if keys32 is None else keys32
-    return float32_product(rows.to(torch.float32), torch.linalg.vector_norm(rows, dim=-1), keys32, key_norm)
+    overflow or torch runs float32 products in a lower precision. :func:`float32_product` does the same from
+    float32 copies and norms made beforehand, as :func:`listwise_kernel` makes them once per chunk."""
+    key_norm = torch.linalg.vector_norm(keys, dim=-1).amax(-1, keepdim=True)  # [head, 1]
+    return float32_product(rows.to(torch.float32), torch.linalg.vector_norm(rows, dim=-1), keys.to(torch.float32),
+                           key_norm)
 
 
 def float32_product(rows32: torch.Tensor, row_norm: torch.Tensor, keys32: torch.Tensor,
                     key_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`float32_scores` from the float32 copies ``[head, row, dim]``, ``[head, key, dim]`` and the float64
-    norms (``row_norm`` ``[head, row]`` of each row, ``key_norm`` ``[head, 1]`` the largest key's), which a
-    caller with many buckets computes once for all of them."""
+    norms (``row_norm`` ``[head, row]`` of each row, ``key_norm`` ``[head, 1]`` the largest key's)."""
     dim = rows32.shape[-1]
     scale = row_norm * key_norm  # [head, row]: ||q|| max ||k||
     bound = sign_bound(dim) * scale + dim * torch.finfo(torch.float32).tiny  # [head, row]
