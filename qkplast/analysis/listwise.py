@@ -40,7 +40,8 @@ import torch
 import xarray as xr
 from scipy.special import gammaln
 
-from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy)
+from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device, scratch,
+                            to_numpy)
 from qkplast.analysis.moments import cloud_moments
 from qkplast.analysis.plasticity import (PlasticityWarning, QueryModel, Rotated, bytes_per_head, pair_kernel,
                                          pair_plan, rotated_clouds, weighted_pair_mean)
@@ -284,74 +285,114 @@ def _doc_means(x: torch.Tensor, ok: torch.Tensor, doc: torch.Tensor, n_doc: int)
 
 
 def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor,
-                                exact, n_head: int, unbiased: bool) -> torch.Tensor:
+                                exact, n_head: int, unbiased, rows: tuple[int, ...] | None = None) -> torch.Tensor:
     """:func:`winner_plasticity` of each set from float32 scores whose winners a rounding bound certifies.
 
     Parameters
     ----------
-    scores32 : Tensor ``[key, head * query]``
-        float32 scores of the bucket's queries against its candidate keys, keys first (a set's scores are
+    scores32 : Tensor ``[key, head * row]``
+        float32 scores of the bucket's query rows against its candidate keys, keys first (a set's scores are
         then whole rows, gathered as contiguous copies).
-    bound : Tensor ``[head * query]``
-        Each float32 score of that query is within ``bound`` of the exact one
+    bound : Tensor ``[head * row]``
+        Each float32 score of that row is within ``bound`` of the exact one
         (:func:`qkplast.analysis.signs.sign_bound` times ``||q|| max ||k||``).
     idx, smask : Tensor ``[set, slot]``
         The sets, as indices into the candidate keys, and their used slots.
     exact : callable
-        ``exact(head, query, keys)`` the float64 scores ``[n, slot]`` of the given rows (``keys`` ``[n, slot]``).
+        ``exact(head, row, keys)`` the float64 scores ``[n, slot]`` of the given rows (``keys`` ``[n, slot]``).
+    unbiased : bool or tuple of bool
+        Multiply ``1 - sum P_i^2`` by ``n / (n - 1)``; one flag per source with ``rows``.
+    rows : tuple of int, optional
+        The rows of each head come from ``len(rows)`` sources in turn, ``rows[s]`` rows of source ``s`` (the
+        captured queries, then the model draws: one product and one pass over the sets serve both); each
+        source has its own winner distribution. Default: one source.
 
     Returns
     -------
-    Tensor ``[head, set]``: the values :func:`winner_plasticity` gives on the float64 scores. A winner is
-    certain when no other key of its set scores within ``2 bound`` of it in float32; the other rows
-    (near-ties) are scored again in float64, and tied maxima there split the win as in
-    :func:`winner_plasticity`.
+    Tensor ``[head, set]`` (``[source, head, set]`` with ``rows``): the values :func:`winner_plasticity` gives
+    on the float64 scores of each source's rows. A winner is certain when no other key of its set scores
+    within ``2 bound`` of it in float32; the other rows (near-ties) are scored again in float64, and tied
+    maxima there split the win as in :func:`winner_plasticity`.
     """
     n_set, n_slot = idx.shape
-    n = scores32.shape[1] // n_head
-    if n_set == 1 and n_slot == scores32.shape[0] and bool(smask.all()) and bool((idx[0] == torch.arange(
-            n_slot, device=idx.device)).all()):
-        g = scores32  # one set of every candidate key in order (the whole set with pair_docs="any"): no copy
-    elif bool(smask.all()):
-        g = torch.index_select(scores32, 0, idx.reshape(-1))
-    else:  # unused slots point at a row of -inf
-        padded = torch.cat([scores32, torch.full_like(scores32[:1], -torch.inf)])
-        g = torch.index_select(padded, 0, torch.where(smask, idx, scores32.shape[0]).reshape(-1))
-    g = g.view(n_set, n_slot, -1)  # [set, slot, head * query]
+    n_col = scores32.shape[1]
+    sizes = (n_col // n_head,) if rows is None else tuple(rows)
+    flags = (unbiased,) if rows is None else tuple(unbiased)
+    g = set_scores(scores32, idx, smask).view(n_set, n_slot, n_col)  # [set, slot, head * row]
     # the keys within 2 bound of the top score: one key means a certain winner, which is then that key (a
     # reduction over the slots as a product, faster here than max with indices over a middle axis)
     # the comparison writes float32 itself: converting a bool result afterwards is one more pass over the scores
-    close = torch.ge(g, (g.amax(1) - 2 * bound)[:, None], out=torch.empty_like(g))  # [set, slot, head * query]
+    close = torch.ge(g, close_threshold(g.amax(1), bound)[:, None],
+                     out=scratch("listwise_close", g.shape, g))  # [set, slot, head * row]
     # one product gives both the number of close keys and, where it is one, the winner's slot
     count_arg = torch.matmul(torch.stack([torch.ones(n_slot, device=g.device),
                                           torch.arange(n_slot, dtype=torch.float32, device=g.device)]), close)
-    sure = count_arg[:, 0] == 1  # [set, head * query]
+    sure = count_arg[:, 0] == 1  # [set, head * row]
     arg = count_arg[:, 1].round_().long().masked_fill_(~sure, 0)  # an uncertain row is counted below instead
-    counts = torch.zeros(n_set, n_slot, n_head, dtype=torch.float64, device=g.device)
-    counts.view(n_set, -1).scatter_add_(1, _winner_slots(arg, n_head, n), sure.to(torch.float64))
+    group = column_groups(n_head, sizes, g.device)  # [head * row]: head * n_source + source
+    n_group = n_head * len(sizes)
+    counts = torch.zeros(n_set, n_slot, n_group, dtype=torch.float64, device=g.device)
+    counts.view(n_set, -1).scatter_add_(1, arg * n_group + group, sure.to(torch.float64))
     if not bool(sure.all()):
-        ss, hq = (~sure).nonzero(as_tuple=True)
-        hh, qq = hq // n, hq % n
-        e = exact(hh, qq, idx[ss]).masked_fill(~smask[ss], -torch.inf)  # [n_unsure, slot]
+        ss, col = (~sure).nonzero(as_tuple=True)
+        e = exact(col // sum(sizes), col % sum(sizes), idx[ss]).masked_fill(~smask[ss], -torch.inf)  # [n_unsure, slot]
         tie = (e == e.amax(-1, keepdim=True)).to(torch.float64)
         counts.index_put_((ss[:, None].expand_as(tie), torch.arange(n_slot, device=g.device)[None].expand_as(tie),
-                           hh[:, None].expand_as(tie)),
+                           group[col][:, None].expand_as(tie)),
                           tie / tie.sum(-1, keepdim=True), accumulate=True)
+    counts = counts.view(n_set, n_slot, n_head, len(sizes))
+    # sets last as a view of a sets-first array: the layout (and so the order of the callers' means over the
+    # sets) of the one-source result
+    ap = torch.stack([gini_plasticity(counts[..., src].contiguous(), n, flag, smask)
+                      for src, (n, flag) in enumerate(zip(sizes, flags))]).transpose(1, 2)  # [source, head, set]
+    return ap[0] if rows is None else ap
+
+
+def gini_plasticity(counts: torch.Tensor, n: int, unbiased: bool, smask: torch.Tensor) -> torch.Tensor:
+    """Listwise plasticity ``[set, head]`` from the win counts ``[set, slot, head]`` of ``n`` rows per head."""
     p = counts / n  # [set, slot, head]
     gini = 1 - (p * p).sum(1)  # [set, head]
     if unbiased:
         gini = gini * n / max(n - 1, 1)
     m = smask.sum(-1).to(torch.float64)[:, None]  # [set, 1]
-    ap = (gini / (1 - 1 / m.clamp_min(2))).T  # [head, set]
-    bad = (m.T < 2) | (n < 2)
-    return torch.where(bad, torch.full_like(ap, float("nan")), ap)
+    ap = gini / (1 - 1 / m.clamp_min(2))  # [set, head]
+    return torch.where((m < 2) | (n < 2), torch.full_like(ap, float("nan")), ap)
 
 
-def _winner_slots(arg: torch.Tensor, n_head: int, n: int) -> torch.Tensor:
-    """Winning slot of each (set, head, query) as an index into a ``[set, slot, head]`` count array: the flat
-    position ``slot * n_head + head`` of ``counts.view(set, -1)``."""
-    head = torch.arange(n_head, device=arg.device).repeat_interleave(n)  # [head * query]
-    return arg * n_head + head  # [set, head * query]
+def set_scores(scores32: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor) -> torch.Tensor:
+    """The scores of each set's slots, ``[set * slot, column]`` from ``scores32`` ``[key, column]``; unused
+    slots ``-inf``. One set of every candidate key in order (the whole set with ``pair_docs="any"``) is
+    ``scores32`` itself; otherwise the rows go into a buffer reused across calls (a fresh one of these
+    megabytes costs more in page faults than the copy itself)."""
+    n_set, n_slot = idx.shape
+    if n_set == 1 and n_slot == scores32.shape[0] and bool(smask.all()) and bool((idx[0] == torch.arange(
+            n_slot, device=idx.device)).all()):
+        return scores32
+    g = torch.index_select(scores32, 0, idx.reshape(-1),
+                           out=scratch("listwise_sets", (idx.numel(), scores32.shape[1]), scores32))
+    if not bool(smask.all()):  # unused slots (they index key 0) hold -inf
+        g.index_fill_(0, (~smask).reshape(-1).nonzero()[:, 0], -torch.inf)
+    return g
+
+
+def close_threshold(top: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """``top - 2 bound`` rounded down to float32: the largest float32 not above the float64 value.
+
+    A float32 score is at least the float64 threshold only if it is at least this one, so comparing in
+    float32 (a float64 operand would send every score of the comparison through a conversion, several
+    times slower) counts every key the float64 comparison counts as close, and at most one float32 value
+    more, which only sends a certain winner to the float64 rescoring.
+    """
+    exact = top.to(torch.float64) - 2 * bound  # [set, head * row]
+    thr = exact.to(torch.float32)
+    return torch.where(thr.to(torch.float64) > exact, torch.nextafter(thr, thr.new_tensor(-torch.inf)), thr)
+
+
+def column_groups(n_head: int, rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Count group ``head * n_source + source`` of each column ``[head * sum(rows)]`` of the scores."""
+    source = torch.repeat_interleave(torch.arange(len(rows), device=device),
+                                     torch.tensor(rows, device=device))  # [row]
+    return (torch.arange(n_head, device=device)[:, None] * len(rows) + source[None]).reshape(-1)
 
 
 def float32_scores(rows: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,21 +409,26 @@ def float32_scores(rows: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor
 def float32_product(rows32: torch.Tensor, row_norm: torch.Tensor, keys32: torch.Tensor,
                     key_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`float32_scores` from the float32 copies ``[head, row, dim]``, ``[head, key, dim]`` and the float64
-    norms (``row_norm`` ``[head, row]`` of each row, ``key_norm`` ``[head, 1]`` the largest key's)."""
+    norms (``row_norm`` ``[head, row]`` of each row, ``key_norm`` ``[head, 1]`` the largest key's). The scores
+    are written to a scratch buffer (:func:`qkplast._torch.scratch`): valid until the thread's next call."""
     dim = rows32.shape[-1]
     scale = row_norm * key_norm  # [head, row]: ||q|| max ||k||
     bound = sign_bound(dim) * scale + dim * torch.finfo(torch.float32).tiny  # [head, row]
     if not (float32_products_are_exact_ieee(rows32.device) and bool((scale < 2.0**100).all())):
         bound = torch.full_like(bound, torch.inf)
-    s = torch.bmm(keys32, rows32.transpose(1, 2))  # [head, key, row]
-    return s.transpose(0, 1).reshape(keys32.shape[1], -1), bound.reshape(-1)
+    h, n_key, n_row = keys32.shape[0], keys32.shape[1], rows32.shape[1]
+    s = torch.bmm(keys32, rows32.transpose(1, 2), out=scratch("listwise_bmm", (h, n_key, n_row), keys32))  # [h, k, r]
+    out = scratch("listwise_scores", (n_key, h * n_row), keys32)  # [key, head * row]
+    out.view(n_key, h, n_row).copy_(s.transpose(0, 1))
+    return out, bound.reshape(-1)
 
 
 def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> ListwiseChunk:
     """Listwise plasticity (sizes other than 2) and the nearest-bucket softmax mass of a chunk of heads.
 
-    Each bucket's scores are formed once, ``[head, query, key]`` for the captured queries and for the model
-    draws against the bucket's eligible keys, and every set size and the nearest-bucket mass read them.
+    Each bucket's scores are formed once, in one product of the captured queries and the model draws
+    together against the bucket's eligible keys, and every set size (one pass over the sets for both
+    sources) and the nearest-bucket mass read them.
     The products run in float32: winners are certified by a rounding bound and near-ties scored again in
     float64 (:func:`certified_winner_plasticity`), so the listwise values are those of float64 scores; the
     softmax weights take the float32 scores, each within ``bound`` of the exact one, so a weight's
@@ -408,25 +454,26 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
         if bs is None:
             continue
         # the bucket's rows of the float32 copies: half the bytes of gathering the float64 rows and converting them
-        k32 = torch.index_select(k32_all, 1, bs.keys)  # [head, key, dim]
+        k32 = torch.index_select(k32_all, 1, bs.keys, out=scratch("listwise_keys", (h, bs.keys.numel(), dim), k32_all))
         k_norm = torch.index_select(k_norm_all, 1, bs.keys).amax(-1, keepdim=True)  # [head, 1]
-        s_cap, b_cap = float32_product(torch.index_select(q32, 1, bs.queries),
-                                       torch.index_select(q_norm, 1, bs.queries), k32, k_norm)  # [key, head * query]
-        if cols:
+        n_q = bs.queries.numel()
+        rows32, row_norm = torch.index_select(q32, 1, bs.queries), torch.index_select(q_norm, 1, bs.queries)
+        if cols:  # the model draws beside the captured queries: one product and one pass over each set size
             draws = model_draws(model, sets.z, b)  # [head, draw, dim]
-            s_mod, b_mod = float32_product(draws.to(torch.float32), torch.linalg.vector_norm(draws, dim=-1), k32,
-                                           k_norm)  # [key, head * draw], [head * draw]
-            # near-ties are scored again in float64 from the samples themselves
-            exact_cap = lambda hh, qq, kk, bs=bs: (  # noqa: E731
-                qr[hh, bs.queries[qq]][:, None] * kr[hh[:, None], bs.keys[kk]]).sum(-1)
-            exact_mod = lambda hh, qq, kk, bs=bs, draws=draws: (  # noqa: E731
-                draws[hh, qq][:, None] * kr[hh[:, None], bs.keys[kk]]).sum(-1)
+            rows32 = torch.cat([rows32, draws.to(torch.float32)], 1)  # [head, query + draw, dim]
+            row_norm = torch.cat([row_norm, torch.linalg.vector_norm(draws, dim=-1)], 1)  # [head, query + draw]
+        s32, bound = float32_product(rows32, row_norm, k32, k_norm)  # [key, head * row], [head * row]
+        if cols:
+            # near-ties are scored again in float64 from the samples themselves and the draws
+            rows64 = torch.cat([torch.index_select(qr, 1, bs.queries), draws], 1)  # [head, query + draw, dim]
+            exact = lambda hh, rr, kk, bs=bs, rows64=rows64: (  # noqa: E731
+                rows64[hh, rr][:, None] * kr[hh[:, None], bs.keys[kk]]).sum(-1)
             for c, (idx, smask) in zip(cols, bs.sets):
                 if idx.shape[0] == 0:
                     continue
-                ap_mc[:, b, c] = torch.nanmean(certified_winner_plasticity(s_cap, b_cap, idx, smask, exact_cap, h,
-                                                                           opt.mc_unbiased), -1)
-                ap[:, b, c] = torch.nanmean(certified_winner_plasticity(s_mod, b_mod, idx, smask, exact_mod, h, True), -1)
+                both = certified_winner_plasticity(s32, bound, idx, smask, exact, h, (opt.mc_unbiased, True),
+                                                   rows=(n_q, sets.z.shape[0]))  # [source, head, set]
+                ap_mc[:, b, c], ap[:, b, c] = torch.nanmean(both, -1)
         if not bool(bs.has.any()):
             continue
         block = torch.tensor(-torch.inf, dtype=torch.float64, device=dev)
@@ -438,7 +485,7 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
         mass_pos = (w_pos @ nearest)[:, bs.query_group]  # [head, query]
         # the softmax of the float32 scores in float32 (its own rounding, about 1e-7 relative, is far below the
         # scores' bound), the masses summed in float64
-        scores = s_cap.view(-1, h, bs.queries.numel()).permute(1, 2, 0)  # [head, query, key]
+        scores = s32.view(s32.shape[0], h, -1)[..., :n_q].permute(1, 2, 0)  # [head, query, key]: the captured rows
         w = torch.softmax(scores.mul(scale).masked_fill_(~bs.same[None], -torch.inf), -1)  # [head, query, key]
         mass_act = (w @ bs.nearest.to(torch.float32)).to(torch.float64)  # [head, query]
         for mass, dst, dst_doc in ((mass_pos, near_pos, near_pos_doc), (mass_act, near_act, near_act_doc)):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from qkplast.analysis.listwise import (certified_winner_plasticity, float32_scores, gather_sets, listwise,
-                                       winner_plasticity)
+from qkplast.analysis.listwise import (certified_winner_plasticity, close_threshold, float32_scores, gather_sets,
+                                       listwise, winner_plasticity)
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.results.tables import nearest_mass_table
 from qkplast.theory.planted import planted_capture
@@ -31,6 +31,40 @@ def test_certified_winners_equal_float64_winners_with_near_ties(rng):
     # an infinite bound sends every row to float64: the same values
     inf = certified_winner_plasticity(s32, torch.full_like(bound, float("inf")), idx, smask, exact, h, True)
     torch.testing.assert_close(inf, want, rtol=1e-12, atol=1e-12)
+
+
+
+def test_two_sources_in_one_pass_equal_each_source_alone(rng):
+    """Captured queries and model draws share one product and one pass over the sets (listwise_kernel): each
+    source keeps its own winner distribution and its own unbiased flag; padded slots stay out."""
+    h, n_key, d = 2, 25, 8
+    rows = (12, 5)
+    q = torch.as_tensor(rng.normal(size=(h, sum(rows), d)))
+    k = torch.as_tensor(rng.normal(size=(h, n_key, d)))
+    k[:, 9] = k[:, 2] * (1 + 1e-9)  # near ties: some rows go to float64
+    idx = torch.as_tensor(np.stack([rng.permutation(n_key)[:6] for _ in range(7)] + [[2, 9, 0, 1, 3, 4]]))
+    smask = torch.ones_like(idx, dtype=torch.bool)
+    smask[0, 4:] = False  # a set of four keys in six slots
+    s32, bound = float32_scores(q, k)
+    exact = lambda hh, rr, kk: (q[hh, rr][:, None] * k[hh[:, None], kk]).sum(-1)  # noqa: E731
+    both = certified_winner_plasticity(s32, bound, idx, smask, exact, h, (False, True), rows=rows)
+    assert both.shape == (2, h, idx.shape[0])
+    s64 = torch.einsum("hnd,hkd->hnk", q, k)  # [head, row, key]
+    for src, (lo, hi, unbiased) in enumerate(((0, rows[0], False), (rows[0], sum(rows), True))):
+        want = winner_plasticity(gather_sets(s64[:, lo:hi], idx, smask), smask, unbiased)
+        torch.testing.assert_close(both[src], want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_float32_threshold_is_the_largest_float32_not_above_the_float64_one(rng):
+    top = torch.as_tensor(rng.normal(size=2000) * 10 ** rng.uniform(-3, 3, 2000), dtype=torch.float32)
+    bound = torch.as_tensor(rng.uniform(0, 1e-4, 2000)) * top.abs().to(torch.float64)
+    exact = top.to(torch.float64) - 2 * bound
+    thr = close_threshold(top, bound)
+    assert thr.dtype == torch.float32
+    assert bool((thr.to(torch.float64) <= exact).all())  # every score the float64 test counts as close, it counts
+    above = torch.nextafter(thr, torch.tensor(torch.inf)).to(torch.float64)
+    assert bool((above > exact).all())  # and no float32 value below the largest one not above it
+    assert bool((thr.to(torch.float64) < exact).any())  # rounding down happened, not only exact casts
 
 
 def test_padded_sets_and_the_nearest_mass_per_document():
