@@ -285,7 +285,8 @@ def _doc_means(x: torch.Tensor, ok: torch.Tensor, doc: torch.Tensor, n_doc: int)
 
 
 def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor,
-                                exact, n_head: int, unbiased, rows: tuple[int, ...] | None = None) -> torch.Tensor:
+                                exact, n_head: int, unbiased: bool | tuple[bool, ...],
+                                rows: tuple[int, ...] | None = None) -> torch.Tensor:
     """:func:`winner_plasticity` of each set from float32 scores whose winners a rounding bound certifies.
 
     Parameters
@@ -447,9 +448,9 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
     near_pos_doc, near_act_doc = nan(n_bucket, sets.n_doc), nan(n_bucket, sets.n_doc)
     cols = [c for c, m in enumerate(sets.sizes) if m != 2]
     scale = 1 / math.sqrt(dim)
-    # float32 copies and float64 norms of every sample, once per chunk: each bucket gathers its rows of them
-    q32, k32_all = qr.to(torch.float32), kr.to(torch.float32)  # [head, sample, dim]
-    q_norm, k_norm_all = torch.linalg.vector_norm(qr, dim=-1), torch.linalg.vector_norm(kr, dim=-1)  # [head, sample]
+    # the keys' float32 copies and float64 norms, once per chunk: a key is eligible in many buckets, and each
+    # bucket gathers its rows of them
+    k32_all, k_norm_all = kr.to(torch.float32), torch.linalg.vector_norm(kr, dim=-1)  # [head, sample(, dim)]
     for b, bs in enumerate(sets.buckets):  # buckets only; heads, queries, keys and sets are vectorised
         if bs is None:
             continue
@@ -457,15 +458,13 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
         k32 = torch.index_select(k32_all, 1, bs.keys, out=scratch("listwise_keys", (h, bs.keys.numel(), dim), k32_all))
         k_norm = torch.index_select(k_norm_all, 1, bs.keys).amax(-1, keepdim=True)  # [head, 1]
         n_q = bs.queries.numel()
-        rows32, row_norm = torch.index_select(q32, 1, bs.queries), torch.index_select(q_norm, 1, bs.queries)
+        rows64 = torch.index_select(qr, 1, bs.queries)  # [head, query, dim]: a query sits in one bucket only
         if cols:  # the model draws beside the captured queries: one product and one pass over each set size
-            draws = model_draws(model, sets.z, b)  # [head, draw, dim]
-            rows32 = torch.cat([rows32, draws.to(torch.float32)], 1)  # [head, query + draw, dim]
-            row_norm = torch.cat([row_norm, torch.linalg.vector_norm(draws, dim=-1)], 1)  # [head, query + draw]
-        s32, bound = float32_product(rows32, row_norm, k32, k_norm)  # [key, head * row], [head * row]
+            rows64 = torch.cat([rows64, model_draws(model, sets.z, b)], 1)  # [head, query + draw, dim]
+        s32, bound = float32_product(rows64.to(torch.float32), torch.linalg.vector_norm(rows64, dim=-1), k32,
+                                     k_norm)  # [key, head * row], [head * row]
         if cols:
             # near-ties are scored again in float64 from the samples themselves and the draws
-            rows64 = torch.cat([torch.index_select(qr, 1, bs.queries), draws], 1)  # [head, query + draw, dim]
             exact = lambda hh, rr, kk, bs=bs, rows64=rows64: (  # noqa: E731
                 rows64[hh, rr][:, None] * kr[hh[:, None], bs.keys[kk]]).sum(-1)
             for c, (idx, smask) in zip(cols, bs.sets):
