@@ -3,7 +3,10 @@
 At every entry-point call of a sampled layer it copies the sampled rows of the
 planned heads (``index_select`` on the sequence, then on the head axis, so no
 more than the sampled rows is ever copied), checks them for NaN/Inf, and
-moves them to the CPU as float32.
+moves them to the CPU as float32. Once the last planned layer's rows are copied
+the forward pass stops there: nothing after that point (the rest of that layer,
+the layers above it, the final norm) can change a captured row, so a capture
+of the first layers costs only those layers (:meth:`Capturer.capture_window`).
 
 Index tensors follow the query: a model spread over several GPUs
 (``device_map="auto"``) hands each layer's query on that layer's device, so
@@ -21,11 +24,18 @@ from qkplast.capture.kernel_guard import check_kernel, device_capability, restri
 from qkplast.capture.architecture import inspect_model
 from qkplast.capture.sampling import sample_heads
 
-__all__ = ["Capturer", "DeviceIndexCache", "NonFiniteCaptureError", "WindowRecorder"]
+__all__ = ["CaptureComplete", "Capturer", "DeviceIndexCache", "NonFiniteCaptureError", "WindowRecorder"]
 
 
 class NonFiniteCaptureError(CaptureError):
     """A captured query or key vector holds NaN or Inf."""
+
+
+class CaptureComplete(Exception):
+    """Raised inside the forward pass once every planned layer has been reached; caught by :class:`Capturer`.
+
+    Not an error: it ends the forward at the point after which nothing captured can change.
+    """
 
 
 class DeviceIndexCache:
@@ -121,6 +131,8 @@ class WindowRecorder:
         self._check_finite(layer, q, k)
         self.q[layer] = q.to(dtype=torch.float32).cpu()
         self.k[layer] = k.to(dtype=torch.float32).cpu()
+        if len(self.q) == len(self.q_heads):
+            raise CaptureComplete  # the last planned layer: the rest of the forward cannot change a captured row
 
     def _check_finite(self, layer: int, q, k) -> None:
         import torch
@@ -194,6 +206,9 @@ class Capturer:
     def capture_window(self, input_ids: np.ndarray, positions: np.ndarray, *, doc_id: str = "", on_call=None):
         """Run one forward pass over ``input_ids`` and return the sampled Q and K rows.
 
+        The pass stops once the last planned layer's rows are copied (its attention kernel, the layers
+        above it and the final norm never run: they cannot change a captured row).
+
         Parameters
         ----------
         input_ids : numpy.ndarray
@@ -223,5 +238,36 @@ class Capturer:
         device = self.decoder.device
         ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long, device=device)[None]  # [batch, seq]
         with recording_into(recorder), torch.inference_mode(), restricted_sdpa(device.type, ids.shape[1]):
-            self.decoder(input_ids=ids, use_cache=False)
+            try:
+                self.decoder(input_ids=ids, use_cache=False)
+            except CaptureComplete:
+                pass  # every planned layer copied: the forward stopped at the last one's attention call
         return recorder.result()
+
+    def bare_forward(self, input_ids: np.ndarray) -> None:
+        """The forward pass :meth:`capture_window` replaces, without the capture: the model's own attention
+        kernel, nothing copied, stopped where a capture stops (at the last planned layer's attention module,
+        before its projections), so timing both measures what the capture's hook and copies cost.
+
+        Runs outside ``with capturer:`` (the decoder keeps its own attention implementation).
+        """
+        import torch
+
+        if self._switch is not None:
+            raise CaptureError("Capturer.bare_forward runs outside 'with capturer:' (the model's own attention)")
+        last = int(np.max(self.plan.layer))
+        module = next(m for m in self.decoder.modules() if self.layout.modules.get(id(m)) == last)
+
+        def stop(*_):
+            raise CaptureComplete
+
+        device = self.decoder.device
+        ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long, device=device)[None]  # [batch, seq]
+        handle = module.register_forward_pre_hook(stop)
+        try:
+            with torch.inference_mode(), restricted_sdpa(device.type, ids.shape[1]):
+                self.decoder(input_ids=ids, use_cache=False)
+        except CaptureComplete:
+            pass  # stopped where the capture stops
+        finally:
+            handle.remove()

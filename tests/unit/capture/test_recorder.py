@@ -1,13 +1,16 @@
-"""The window recorder: index tensors follow the query's device; non-finite vectors are refused by name."""
+"""The window recorder: index tensors follow the query's device; non-finite vectors are refused by name; the
+forward pass stops at the last planned layer, with the rows a full forward gives."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from qkplast.capture.architecture import LayerInfo, ArchitectureSpec
-from qkplast.capture.recorder import DeviceIndexCache, NonFiniteCaptureError, WindowRecorder
+from qkplast.capture.recorder import CaptureComplete, Capturer, DeviceIndexCache, NonFiniteCaptureError, WindowRecorder
 from qkplast.capture.sampling import sample_heads
 
 
@@ -54,7 +57,8 @@ def test_indices_follow_each_querys_device():
     assert recorder.indices.devices == ["cpu", "meta"]
     positions, heads = recorder.indices.on("meta")
     assert positions.device.type == "meta" and heads[1][0].device.type == "meta"
-    recorder.observe(mods[1], q, k, {})
+    with pytest.raises(CaptureComplete):  # the last planned layer: the forward pass may stop here
+        recorder.observe(mods[1], q, k, {})
     got_q, got_k = recorder.result()
     np.testing.assert_array_equal(got_q[:4], q[0][:, [0, 2, 3]].numpy())
     np.testing.assert_array_equal(got_k[:4], k[0][[0, 0, 1, 1]][:, [0, 2, 3]].numpy())
@@ -74,4 +78,55 @@ def test_non_finite_vectors_name_document_layer_and_head():
         recorder.observe(mods[1], q, k, {})
     q[0, 1, 4, 0] = float("nan")  # an unsampled row is not captured and not an error
     k[0, 0, 0, 0] = 0.0
-    recorder.observe(mods[1], q, k, {})
+    with pytest.raises(CaptureComplete):
+        recorder.observe(mods[1], q, k, {})
+
+
+def _tiny_llama(layers=4):
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, vocab_size=100, max_position_embeddings=128)
+    return T.LlamaForCausalLM(cfg).eval()
+
+
+def _layers_run(model, run):
+    """The decoder layers (by index) and whether the final norm ran during ``run()``."""
+    ran = []
+    handles = [layer.mlp.register_forward_hook(lambda *_, i=i: ran.append(i))
+               for i, layer in enumerate(model.model.layers)]
+    handles.append(model.model.norm.register_forward_hook(lambda *_: ran.append("norm")))
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return ran
+
+
+def test_the_forward_stops_at_the_last_planned_layer_with_the_rows_of_a_full_forward():
+    model = _tiny_llama()
+    ids = np.random.default_rng(0).integers(0, 100, 64)
+    positions = np.array([0, 5, 17, 40, 63])
+    full = Capturer(model, heads=None)  # every layer planned: the last one's attention kernel, mlp and norm skipped
+    with full:
+        ran = _layers_run(model, lambda: full.capture_window(ids, positions))
+        q_all, k_all = full.capture_window(ids, positions)
+    assert ran == [0, 1, 2]
+    low = Capturer(model, heads=None)
+    keep = low.plan.layer <= 1
+    low.plan = replace(low.plan, layer=low.plan.layer[keep], q_head=low.plan.q_head[keep],
+                       kv_head=low.plan.kv_head[keep], rope=low.plan.rope[keep])  # the heads of layers 0 and 1
+    with low:
+        ran = _layers_run(model, lambda: low.capture_window(ids, positions))
+        q_low, k_low = low.capture_window(ids, positions)
+    assert ran == [0]  # layers 2 and 3 never run
+    first_two = np.flatnonzero(full.plan.layer <= 1)
+    np.testing.assert_array_equal(q_low, q_all[first_two])  # bit for bit the rows of the longer forward
+    np.testing.assert_array_equal(k_low, k_all[first_two])
+    # the bare forward a benchmark times against it stops at the same layer
+    assert _layers_run(model, lambda: low.bare_forward(ids)) == [0]
+    assert _layers_run(model, lambda: full.bare_forward(ids)) == [0, 1, 2]
+    with low, pytest.raises(Exception, match="outside"):
+        low.bare_forward(ids)
