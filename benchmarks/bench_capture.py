@@ -19,8 +19,10 @@ bare
 capture
     :func:`qkplast.capture.driver.capture` of the same window, end to end: cutting the
     window from the corpus, the probe forward, head and position sampling, the
-    forward pass through the capture hook (delegating to the same kernel), the
-    part file and the final capture file written to a temporary directory.
+    forward pass through the capture hook (delegating to the same kernel; it stops
+    once the last sampled layer's rows are copied, which skips that layer's
+    attention and MLP), the part file and the final capture file written to a
+    temporary directory.
 
 Time is wall-clock (``time.perf_counter``) and process CPU time
 (``time.process_time``, all threads). Wall-clock time on a shared machine only

@@ -21,7 +21,10 @@ hooked
     the same forward through the capture entry point
     (:meth:`qkplast.capture.recorder.Capturer.capture_window`): the attention hook
     copies the sampled rows of every head, checks them for NaN/Inf and returns
-    them; bucket ``seq_len / 16``, 8 samples per bucket, every head.
+    them; bucket ``seq_len / 16``, 8 samples per bucket, every head. It stops
+    once the last layer's rows are copied (that layer's attention kernel and MLP
+    and the final norm never run), so on a model of few layers it costs less
+    than the whole bare forward: the ratios below are then below 1.
 capture
     :func:`qkplast.capture.driver.capture` of the same window end to end (window
     cut, probe, the hooked forward, capture file written).
