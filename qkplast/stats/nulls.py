@@ -181,17 +181,19 @@ def bucket_shuffle_null(capture: xr.Dataset, n_perm: int = 1000, pairs_per_bucke
     doc = torch.as_tensor(doc, device=s.dev, dtype=torch.float64)
     n_bucket = len(lay.buckets)
     sem = qr[..., 1:]  # [head, sample, dim-1]
+    sem2 = sem * sem  # [head, sample, dim-1]: the squares once, not once per permutation
 
     def bucket_var(labels):  # labels [perm, sample] -> [perm, head, bucket, dim-1]
-        pc = labels.shape[0]
-        flat = (labels + n_bucket * torch.arange(pc, device=s.dev)[:, None]).reshape(-1)
-        src = sem[:, None].expand(-1, pc, -1, -1).reshape(sem.shape[0], -1, sem.shape[-1])
-        s1 = torch.zeros(sem.shape[0], pc * n_bucket, sem.shape[-1], dtype=sem.dtype, device=s.dev)
+        pc, (h, n, d) = labels.shape[0], sem.shape
+        # the sums of each permutation's buckets by one scatter over stride-0 views: neither the samples nor the
+        # labels are copied per permutation or per head (each bucket's sum adds its samples in sample order,
+        # as index_add over a per-permutation copy did, so the values are the same bit for bit)
+        idx = labels[None, :, :, None].expand(h, pc, n, d)  # [head, perm, sample, dim-1]
+        s1 = torch.zeros(h, pc, n_bucket, d, dtype=sem.dtype, device=s.dev)  # [head, perm, bucket, dim-1]
         s2 = torch.zeros_like(s1)
-        s1.index_add_(1, flat, src)
-        s2.index_add_(1, flat, src * src)
+        s1.scatter_add_(2, idx, sem[:, None].expand(h, pc, n, d))
+        s2.scatter_add_(2, idx, sem2[:, None].expand(h, pc, n, d))
         cnt = torch.as_tensor(lay.counts, device=s.dev, dtype=sem.dtype).clamp_min(2)
-        s1, s2 = s1.reshape(sem.shape[0], pc, n_bucket, -1), s2.reshape(sem.shape[0], pc, n_bucket, -1)
         var = (s2 - s1 * s1 / cnt[:, None]) / (cnt[:, None] - 1)
         return var.transpose(0, 1)
 
