@@ -92,17 +92,17 @@ def _tiny_llama(layers=4):
 
 
 def _layers_run(model, run):
-    """The decoder layers (by index) and whether the final norm ran during ``run()``."""
+    """``run()``'s result and the decoder layers (by index) whose MLP ran, then ``"norm"`` if the final norm did."""
     ran = []
     handles = [layer.mlp.register_forward_hook(lambda *_, i=i: ran.append(i))
                for i, layer in enumerate(model.model.layers)]
     handles.append(model.model.norm.register_forward_hook(lambda *_: ran.append("norm")))
     try:
-        run()
+        result = run()
     finally:
         for h in handles:
             h.remove()
-    return ran
+    return result, ran
 
 
 def test_the_forward_stops_at_the_last_planned_layer_with_the_rows_of_a_full_forward():
@@ -111,22 +111,20 @@ def test_the_forward_stops_at_the_last_planned_layer_with_the_rows_of_a_full_for
     positions = np.array([0, 5, 17, 40, 63])
     full = Capturer(model, heads=None)  # every layer planned: the last one's attention kernel, mlp and norm skipped
     with full:
-        ran = _layers_run(model, lambda: full.capture_window(ids, positions))
-        q_all, k_all = full.capture_window(ids, positions)
+        (q_all, k_all), ran = _layers_run(model, lambda: full.capture_window(ids, positions))
     assert ran == [0, 1, 2]
     low = Capturer(model, heads=None)
     keep = low.plan.layer <= 1
     low.plan = replace(low.plan, layer=low.plan.layer[keep], q_head=low.plan.q_head[keep],
                        kv_head=low.plan.kv_head[keep], rope=low.plan.rope[keep])  # the heads of layers 0 and 1
     with low:
-        ran = _layers_run(model, lambda: low.capture_window(ids, positions))
-        q_low, k_low = low.capture_window(ids, positions)
+        (q_low, k_low), ran = _layers_run(model, lambda: low.capture_window(ids, positions))
     assert ran == [0]  # layers 2 and 3 never run
     first_two = np.flatnonzero(full.plan.layer <= 1)
     np.testing.assert_array_equal(q_low, q_all[first_two])  # bit for bit the rows of the longer forward
     np.testing.assert_array_equal(k_low, k_all[first_two])
     # the bare forward a benchmark times against it stops at the same layer
-    assert _layers_run(model, lambda: low.bare_forward(ids)) == [0]
-    assert _layers_run(model, lambda: full.bare_forward(ids)) == [0, 1, 2]
+    assert _layers_run(model, lambda: low.bare_forward(ids))[1] == [0]
+    assert _layers_run(model, lambda: full.bare_forward(ids))[1] == [0, 1, 2]
     with low, pytest.raises(Exception, match="outside"):
         low.bare_forward(ids)
