@@ -30,3 +30,45 @@ def test_the_wall_time_estimate_scales_the_measured_window_by_flops():
     assert flops["ministral-3-14b"] > flops["qwen3-8b"] > flops["llama-3.1-8b"]
 
 
+
+
+def test_after_a_failed_notebook_the_check_runs_each_one_not_reached_and_reports_all(tmp_path, monkeypatch):
+    import json
+
+    from qkplast.errors import QkplastError
+    from qkplast.pipeline import params, stages
+
+    paths = [tmp_path / f"0{i}_x.ipynb" for i in range(1, 5)]
+    ran = []
+
+    def stage(out, manifest, parameters, todo, progress=True):
+        assert len(todo) == 1 and manifest["notebooks"] == [] and parameters == {"n_boot": 7}  # each one alone
+        ran.append(todo[0].name)
+        ok = todo[0].name != "03_x.ipynb"
+        manifest["notebooks"] = [{"name": todo[0].name, "status": "ok" if ok else "failed", "seconds": 1.0,
+                                  "cell": None if ok else 4, "error": None if ok else "ValueError: planted"}]
+        if not ok:
+            raise QkplastError("notebook 03_x.ipynb failed")
+
+    monkeypatch.setattr(params, "notebook_paths", lambda: paths)
+    monkeypatch.setattr(stages, "notebook_stage", stage)
+    (tmp_path / "manifest.json").write_text(json.dumps({"notebooks": [
+        {"name": "01_x.ipynb", "status": "ok", "seconds": 2.0},
+        {"name": "02_x.ipynb", "status": "failed", "cell": 3, "error": "KeyError: 'x'"}]}))
+    entries = bench_gpu.notebooks_left(tmp_path, {"n_boot": 7})
+    assert ran == ["03_x.ipynb", "04_x.ipynb"]  # what the run reached is not executed again
+    assert [(e["name"], e["status"]) for e in entries] == [
+        ("01_x.ipynb", "ok"), ("02_x.ipynb", "failed"), ("03_x.ipynb", "failed"), ("04_x.ipynb", "ok")]
+
+
+def test_the_failure_trace_is_the_error_output_of_the_executed_copy_without_colours(tmp_path):
+    import json
+
+    cells = [{"cell_type": "code", "outputs": [{"output_type": "stream", "text": "fine"}]},
+             {"cell_type": "code", "outputs": [{"output_type": "error", "traceback": [
+                 "\x1b[0;31mValueError\x1b[0m Traceback", "line a", "\x1b[0;31mValueError\x1b[0m: planted"]}]}]
+    executed = tmp_path / "nb.ipynb"
+    executed.write_text(json.dumps({"cells": cells}))
+    assert bench_gpu.failure_trace(executed) == "ValueError Traceback\nline a\nValueError: planted"
+    assert bench_gpu.failure_trace(executed, lines=1) == "ValueError: planted"
+    assert bench_gpu.failure_trace(tmp_path / "absent.ipynb") == "(no executed copy)"
