@@ -31,6 +31,8 @@ pairs; set size 0 means the document's whole eligible set.
 
 from __future__ import annotations
 
+import functools
+
 import math
 import warnings
 from dataclasses import dataclass
@@ -377,20 +379,30 @@ def set_scores(scores32: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor) -
 
 
 def close_threshold(top: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-    """``top - 2 bound`` rounded down to float32: the largest float32 not above the float64 value.
+    """A float32 threshold at or below ``top - 2 bound``, below it by float32 roundings only.
 
-    A float32 score is at least the float64 threshold only if it is at least this one, so comparing in
-    float32 (a float64 operand would send every score of the comparison through a conversion, several
-    times slower) counts every key the float64 comparison counts as close, and at most one float32 value
-    more, which only sends a certain winner to the float64 rescoring.
+    ``2 bound`` ``[column]`` is rounded up to float32 once (per column, not per score), the difference
+    ``top - 2 bound`` ``[set, column]`` is taken in float32 and then stepped down once: the float32 subtraction
+    is off by at most half a step, so the result is never above the float64 threshold. A float32 score is at
+    least the float64 threshold only if it is at least this one, so comparing in float32 (a float64 operand
+    would send every score through a conversion) counts every key the float64 comparison counts as close,
+    and those within the roundings (relative 2^-23 of ``2 bound`` and of the difference) more, which only send a
+    certain winner to the float64 rescoring.
     """
-    exact = top.to(torch.float64) - 2 * bound  # [set, head * row]
-    thr = exact.to(torch.float32)
-    return torch.where(thr.to(torch.float64) > exact, torch.nextafter(thr, thr.new_tensor(-torch.inf)), thr)
+    twice = (2 * bound).to(torch.float32)  # [column]
+    twice = torch.where(twice.to(torch.float64) < 2 * bound, torch.nextafter(twice, twice.new_tensor(torch.inf)),
+                        twice)  # rounded up: at least 2 bound
+    thr = top - twice  # [set, column]
+    return torch.nextafter(thr, thr.new_tensor(-torch.inf), out=thr)
 
 
+@functools.lru_cache(maxsize=256)
 def column_groups(n_head: int, rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """Count group ``head * n_source + source`` of each column ``[head * sum(rows)]`` of the scores."""
+    """Count group ``head * n_source + source`` of each column ``[head * sum(rows)]`` of the scores.
+
+    Cached (read-only): every set size of every bucket of every chunk asks for the same few, and building one
+    costs more than the scatter it serves on the small sets.
+    """
     source = torch.repeat_interleave(torch.arange(len(rows), device=device),
                                      torch.tensor(rows, device=device))  # [row]
     return (torch.arange(n_head, device=device)[:, None] * len(rows) + source[None]).reshape(-1)

@@ -279,7 +279,7 @@ def _capture_window(capturer: Capturer, window, options: CaptureOptions, progres
     if positions.size:
         label = window.doc_id if len(window.doc_id) <= 40 else window.doc_id[:37] + "..."
         desc = f"{label} ({options.seq_len} tokens)"
-        with _bar(layout.calls_per_forward, "layer", desc, progress, leave=False) as bar:
+        with _bar(capturer.calls_per_window, "layer", desc, progress, leave=False) as bar:
             q, k = capturer.capture_window(
                 window.input_ids, positions, doc_id=window.doc_id, on_call=lambda: bar.update(1)
             )

@@ -186,6 +186,12 @@ class Capturer:
         self.plan = sample_heads(self.layout, heads, seed)
         self._switch = None
 
+    @property
+    def calls_per_window(self) -> int:
+        """Attention calls one :meth:`capture_window` makes: one per layer up to the last planned one, where the
+        forward stops (the length of a window's progress bar)."""
+        return min(self.layout.calls_per_forward, int(np.max(self.plan.layer)) + 1)
+
     def check_kernel(self, seq_len: int) -> None:
         """Refuse (:class:`qkplast.capture.kernel_guard.KernelError`) a kernel whose memory would grow as ``seq_len^2``."""
         device = self.decoder.device

@@ -55,16 +55,21 @@ def test_two_sources_in_one_pass_equal_each_source_alone(rng):
         torch.testing.assert_close(both[src], want, rtol=1e-12, atol=1e-12)
 
 
-def test_the_float32_threshold_is_the_largest_float32_not_above_the_float64_one(rng):
-    top = torch.as_tensor(rng.normal(size=2000) * 10 ** rng.uniform(-3, 3, 2000), dtype=torch.float32)
-    bound = torch.as_tensor(rng.uniform(0, 1e-4, 2000)) * top.abs().to(torch.float64)
-    exact = top.to(torch.float64) - 2 * bound
+def test_the_float32_threshold_is_never_above_the_float64_one_and_below_it_by_roundings_only(rng):
+    top = torch.as_tensor(rng.normal(size=(50, 40)) * 10 ** rng.uniform(-3, 3, (50, 40)), dtype=torch.float32)
+    bound = torch.as_tensor(rng.uniform(0, 1e-4, 40)) * top.abs().amax(0).to(torch.float64)  # [column]
+    bound[3] = 0.0  # an exact product: the threshold is the top score itself, one step down
+    exact = top.to(torch.float64) - 2 * bound  # [set, column]
     thr = close_threshold(top, bound)
-    assert thr.dtype == torch.float32
+    assert thr.dtype == torch.float32 and thr.shape == top.shape
     assert bool((thr.to(torch.float64) <= exact).all())  # every score the float64 test counts as close, it counts
-    above = torch.nextafter(thr, torch.tensor(torch.inf)).to(torch.float64)
-    assert bool((above > exact).all())  # and no float32 value below the largest one not above it
-    assert bool((thr.to(torch.float64) < exact).any())  # rounding down happened, not only exact casts
+    # below it by float32 roundings only: of 2 bound (rounded up) and of the difference (and its step down)
+    slack = 2.0**-22 * (2 * bound + exact.abs()) + 2 * torch.finfo(torch.float32).tiny
+    assert bool((exact - thr.to(torch.float64) <= slack).all())
+    largest = exact.to(torch.float32)  # the largest float32 not above the float64 threshold
+    largest = torch.where(largest.to(torch.float64) > exact, torch.nextafter(largest, torch.tensor(-torch.inf)), largest)
+    assert bool((thr < largest).any())  # the step down happened, not only exact casts
+    assert bool((close_threshold(top, torch.full_like(bound, torch.inf)) == -torch.inf).all())  # infinite bound
 
 
 def test_padded_sets_and_the_nearest_mass_per_document():

@@ -110,16 +110,22 @@ def test_the_forward_stops_at_the_last_planned_layer_with_the_rows_of_a_full_for
     ids = np.random.default_rng(0).integers(0, 100, 64)
     positions = np.array([0, 5, 17, 40, 63])
     full = Capturer(model, heads=None)  # every layer planned: the last one's attention kernel, mlp and norm skipped
+    calls = []
     with full:
-        (q_all, k_all), ran = _layers_run(model, lambda: full.capture_window(ids, positions))
+        (q_all, k_all), ran = _layers_run(model, lambda: full.capture_window(ids, positions,
+                                                                               on_call=lambda: calls.append(1)))
     assert ran == [0, 1, 2]
+    assert len(calls) == full.calls_per_window == 4  # a window's progress bar ends full
     low = Capturer(model, heads=None)
     keep = low.plan.layer <= 1
     low.plan = replace(low.plan, layer=low.plan.layer[keep], q_head=low.plan.q_head[keep],
                        kv_head=low.plan.kv_head[keep], rope=low.plan.rope[keep])  # the heads of layers 0 and 1
+    calls.clear()
     with low:
-        (q_low, k_low), ran = _layers_run(model, lambda: low.capture_window(ids, positions))
+        (q_low, k_low), ran = _layers_run(model, lambda: low.capture_window(ids, positions,
+                                                                             on_call=lambda: calls.append(1)))
     assert ran == [0]  # layers 2 and 3 never run
+    assert len(calls) == low.calls_per_window == 2 < low.layout.calls_per_forward  # the bar ends full here too
     first_two = np.flatnonzero(full.plan.layer <= 1)
     np.testing.assert_array_equal(q_low, q_all[first_two])  # bit for bit the rows of the longer forward
     np.testing.assert_array_equal(k_low, k_all[first_two])
