@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -101,12 +102,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     analysis = _analysis_from_args(args, capture.seed, analysis_overrides)
     if args.dry_run:
         return _dry_run(capture, notebook, args.device_memory_gb)
+    t0 = time.perf_counter()
     result = run(capture, args.out, analysis=analysis, parameters=notebook, stage=args.stage,
                  overwrite=args.overwrite, progress="lines" if args.progress_lines else not args.no_progress,
                  jobs=args.jobs, memory_check=not args.no_memory_check, device_memory_gb=args.device_memory_gb)
     m = result.manifest
-    print(f"{args.stage} stage done for {capture.model!r} in {sum(v for k, v in m['timings_s'].items() if ':' not in k):.0f} s "
-          f"({len(m['notebooks'])} notebooks); outputs in {result.run_dir}")
+    # the recorded timings add notebooks that ran side by side (--jobs) and work reused from earlier calls: the
+    # wall time of this call is printed first
+    work = sum(v for k, v in m["timings_s"].items() if ":" not in k)
+    print(f"{args.stage} stage done for {capture.model!r} in {time.perf_counter() - t0:.0f} s "
+          f"({len(m['notebooks'])} notebooks; {work:.0f} s of recorded work, each notebook counted whole); "
+          f"outputs in {result.run_dir}")
     return 0
 
 
