@@ -341,6 +341,7 @@ def notebooks_left(out: Path, notebook_params: dict) -> list[dict]:
     from qkplast.errors import QkplastError
     from qkplast.pipeline.params import notebook_paths
     from qkplast.pipeline.stages import notebook_stage
+    from qkplast.rundir.directory import write_manifest
 
     manifest = json.loads((out / "manifest.json").read_text())
     done = {e["name"] for e in manifest.get("notebooks", [])}
@@ -354,6 +355,8 @@ def notebooks_left(out: Path, notebook_params: dict) -> list[dict]:
         except QkplastError:
             pass  # recorded in the manifest entry, printed by the caller
         entries += manifest["notebooks"]
+    manifest["notebooks"] = entries  # each call above recorded its one notebook: the run's manifest lists them all
+    write_manifest(out, manifest)
     return entries
 
 

@@ -59,6 +59,8 @@ def test_after_a_failed_notebook_the_check_runs_each_one_not_reached_and_reports
     assert ran == ["03_x.ipynb", "04_x.ipynb"]  # what the run reached is not executed again
     assert [(e["name"], e["status"]) for e in entries] == [
         ("01_x.ipynb", "ok"), ("02_x.ipynb", "failed"), ("03_x.ipynb", "failed"), ("04_x.ipynb", "ok")]
+    recorded = json.loads((tmp_path / "manifest.json").read_text())["notebooks"]
+    assert [e["name"] for e in recorded] == [e["name"] for e in entries]  # the run's manifest keeps them all
 
 
 def test_the_failure_trace_is_the_error_output_of_the_executed_copy_without_colours(tmp_path):
