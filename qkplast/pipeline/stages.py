@@ -28,7 +28,8 @@ from qkplast.io import open_capture, open_dataset
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.pipeline.params import declared_parameters, notebook_paths
 from qkplast.rundir.directory import (CODE_DIR, STAGES, RunError, check_same_capture, checkpoint_dir,
-                                      checkpoint_options, checkpoint_slug, ensure_capture, load_or_analyze, load_or_bootstrap,
+                                      checkpoint_options, checkpoint_slug, clear_leftover_parts, ensure_capture,
+                                      load_or_analyze, load_or_bootstrap,
                                       read_manifest, run_settings, write_manifest)
 
 __all__ = ["CODE_CORPUS", "RunResult", "Target", "analyze_stage", "capture_stage", "check_windows", "code_capture",
@@ -144,6 +145,9 @@ def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | 
         if target.run_dir not in checked:
             attempt(target, lambda: check_before_weights(target, memory_check, device_memory_gb))
     missing = [t for t in targets if t.run_dir not in skipped and not (t.run_dir / "capture.nc").exists()]
+    for target in targets:  # made by an earlier attempt, which may have been killed before clearing its parts
+        if target not in missing:
+            clear_leftover_parts(target.run_dir)
     models = list(dict.fromkeys((t.options.model, t.options.revision) for t in missing))
     for model in models:
         group = [t for t in missing if (t.options.model, t.options.revision) == model]

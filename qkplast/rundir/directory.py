@@ -36,8 +36,8 @@ from qkplast.io import open_capture, open_dataset, save_dataset
 from qkplast.options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, typed_option
 
 __all__ = ["CHECKPOINTS_DIR", "CODE_DIR", "MANIFEST", "STAGES", "Run", "RunError", "cached", "capture_differences",
-           "chapter_run",
-           "check_same_capture", "checkpoint_dir", "checkpoint_metrics", "checkpoint_slug", "ensure_capture",
+           "chapter_run", "check_same_capture", "checkpoint_dir", "checkpoint_metrics", "checkpoint_slug",
+           "clear_leftover_parts", "ensure_capture",
            "load_or_analyze", "load_or_bootstrap", "load_or_capture", "load_run", "open_metrics", "read_manifest",
            "run_settings", "write_manifest"]
 
@@ -149,6 +149,22 @@ def check_same_capture(run_dir: Path, wanted: CaptureOptions) -> None:
                        "use another run directory (--out) or --overwrite")
 
 
+def clear_leftover_parts(run_dir: Path) -> bool:
+    """Delete ``RUN/capture.nc.parts`` when ``RUN/capture.nc`` exists; True when something was deleted.
+
+    The capture file is written atomically before its parts are deleted, so parts beside it are redundant: a
+    capture killed between the two (a timed-out job), or while deleting them, leaves them behind, and the next
+    attempt finds the capture done and never captures again. Idempotent, so every attempt can call it.
+    """
+    leftover = Path(run_dir) / "capture.nc.parts"
+    if not ((Path(run_dir) / "capture.nc").is_file() and leftover.is_dir()):
+        return False
+    import shutil
+
+    shutil.rmtree(leftover)
+    return True
+
+
 def ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions, *, loaded=None,
                    progress: bool = False) -> Path:
     """``RUN/capture.nc`` for ``options``: reused when present (refused if made otherwise), else captured.
@@ -163,11 +179,7 @@ def ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOpt
     path = run_dir / "capture.nc"
     if not path.exists():
         run_capture(options, path, progress=progress, loaded=loaded)
-    leftover = run_dir / "capture.nc.parts"
-    if leftover.is_dir():  # a capture killed after writing its (atomic) file, before clearing its parts
-        import shutil
-
-        shutil.rmtree(leftover)
+    clear_leftover_parts(run_dir)
     manifest = read_manifest(run_dir) or {}
     if "capture" not in manifest:
         attrs = open_dataset(path).attrs

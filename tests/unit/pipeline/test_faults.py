@@ -134,3 +134,30 @@ def test_a_bad_study_file_is_one_line(study, needle, mode, bad_files, capsys, no
 def test_analyze_and_compare_refuse_bad_input_in_one_line(argv, needle, bad_files, tmp_path, capsys):
     line = _one_line(capsys, [a.format(bad=bad_files, tmp=tmp_path) for a in argv])
     assert needle in line, line
+
+
+def test_a_capture_stage_after_a_job_killed_while_clearing_its_parts_clears_the_rest(tmp_path, no_weights):
+    # Seen in the requeue test: a timed-out job wrote capture.nc (atomically), was killed while deleting
+    # capture.nc.parts (its manifest and some windows already gone), and the next attempt found the capture done,
+    # so it never went through the capture that clears the parts. Every attempt now clears them.
+    from qkplast.options import AnalysisOptions, CaptureOptions
+    from qkplast.pipeline.stages import Target, capture_stage
+    from qkplast.rundir.directory import write_manifest
+
+    options = CaptureOptions(model="smollm2-135m", docs=2)
+    run = tmp_path / "run"
+    run.mkdir()
+    write_manifest(run, {"capture": options.to_dict(), "status": "captured"})
+    (run / "capture.nc").write_bytes(b"the finished capture")
+    parts = run / "capture.nc.parts"
+    parts.mkdir()
+    for i in range(3):  # what the interrupted deletion left
+        (parts / f"doc-{i:06d}.nc").write_bytes(b"part")
+    assert capture_stage([Target(run, options)], AnalysisOptions(), progress=False) == 0  # no model loaded
+    assert not parts.exists() and (run / "capture.nc").read_bytes() == b"the finished capture"
+    (run / "capture.nc").unlink()  # without the capture, parts are a run to resume: never deleted
+    parts.mkdir()
+    (parts / "doc-000000.nc").write_bytes(b"part")
+    from qkplast.rundir.directory import clear_leftover_parts
+
+    assert not clear_leftover_parts(run) and (parts / "doc-000000.nc").exists()
