@@ -78,6 +78,7 @@
 run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
 ks = [16]  # numbers of heads intervened on; every k adds its readings (and their share of the Holm correction)
 n_null = 20  # random head sets of the same size and layer mix per targeted set; 50 or more in a full setting
+null_windows = 3  # behaviour windows every null set is measured on (the first ones; at most copy_windows); copy_windows in a full setting
 window = 512  # tokens of every behaviour window and of the geometry capture the heads are chosen on
 positions = [288, 480]  # where the second copy starts; the last one in the window's last fifth
 distances = [32, 256]  # tokens from the first copy's start to the second's, at every position
@@ -119,7 +120,8 @@ for key, text, claim in qx.READINGS:
     print(f"- [{claim}] {text}")
 floor = 1 / (1 + n_null)
 n_readings = len(qx.READINGS) * len(ks)
-print(f"\nnull sets per targeted set: {n_null}; the rank p-value's floor is 1/{n_null + 1} = {floor:.3f}")
+print(f"\nnull sets per targeted set: {n_null}, each measured on the first {min(null_windows, copy_windows)} of the "
+      f"{copy_windows} behaviour windows; the rank p-value's floor is 1/{n_null + 1} = {floor:.3f}")
 print(f"readings: {n_readings}; Holm's correction multiplies the smallest p-value by {n_readings}, so a reading resting "
       f"on the null's rank can reach {min(1.0, n_readings * floor):.3f} at best at this n_null (n_null >= "
       f"{int(np.ceil(n_readings / 0.05)) - 1} for the smallest to pass alone)")
@@ -132,9 +134,10 @@ print(f"equivalence margin of the bias clamp's reading, stated now: +-{qx.NO_EFF
 # margin stated above (the bias clamp's reading has one); *left open* otherwise. The intervals:
 #
 # * ablations against their nulls: the targeted set's effect minus the mean effect of its matched random
-#   sets, on the cells every null set measured; the interval adds the spread over windows (Student's t over
-#   windows) and the spread between random sets; the p-value is the targeted set's rank among the null sets,
-#   one-sided;
+#   sets, on the cells and windows every null set measured (the first `null_windows` windows: the null sets
+#   are most of this page's forward passes, and their rank p-value's floor does not depend on the windows);
+#   the interval adds the spread over those windows (Student's t over windows) and the spread between random
+#   sets; the p-value is the targeted set's rank among the null sets, one-sided;
 # * selectivity at distance and the key clamp: Student's t over windows of the per-window contrast.
 #
 # The query clamp gets no reading, and the clamps' geometry (manipulation checks, below) gets no verdict.
@@ -166,14 +169,16 @@ print(f"geometry: {len(geo_docs)} windows (clamps calibrated on {len(calibration
 #
 # For each $k$: zero-ablation of the $k$ heads with the lowest and with the highest `ap_last20`, each with
 # `n_null` matched random sets (same number of heads in every layer, measured on the design's first
-# sequence, one cell per position), and both calibrated clamps on the $k$ heads with the largest
-# $|\mathrm{bias\_strength}|$. Every condition sees the same windows and planted segments.
+# sequence, one cell per position, in the first `null_windows` windows), and both calibrated clamps on the
+# $k$ heads with the largest $|\mathrm{bias\_strength}|$. Every condition sees the same windows and planted
+# segments.
 
 # %%
 calibrated = qx.load_or_calibrate(run_dir, loaded.model, loaded.tokenizer, documents, geo_capture, geo_metrics, ks=ks,
                                   calibration_docs=calibration_docs, seed=seed)
 grid = qx.load_or_run_grid(run_dir, loaded.model, loaded.tokenizer, windows, geo_metrics, design=design, ks=ks,
-                           n_null=n_null, seed=seed, calibrated=calibrated, batch_size=batch_size)
+                           n_null=n_null, null_windows=min(null_windows, copy_windows), seed=seed,
+                           calibrated=calibrated, batch_size=batch_size)
 targeted = ~np.isin(grid.kind.values, ["null lowest", "null highest"])
 pd.DataFrame({"kind": grid.kind.values[targeted], "k": grid.k.values[targeted],
               "heads (layer.q_head)": grid.heads.values[targeted]}).set_index(["kind", "k"]).query("k > 0")

@@ -63,7 +63,7 @@ cond_seq_len = None  # window of the conditions' baseline, 16 buckets (None: min
 cond_samples_per_bucket = 8  # samples per bucket per document in the conditions: 48 queries per bucket at 6 documents
 cond_heads = 90  # query heads captured per condition (a uniform sample; a third of SmolLM2's, 35 MB a condition)
 rope_factors = [0.5, 2.0, 4.0]  # RoPE base multipliers applied at inference
-window_factors = [1, 2, 4, 8]  # windows compared, in multiples of cond_seq_len (1K-8K by default; longer than the run's windows are left out)
+window_factors = [1, 2, 8]  # windows compared, in multiples of cond_seq_len (1K, 2K, 8K by default: the 8K one is cut from the run's own capture; [1, 2, 4, 8] in a full setting; longer than the run's windows are left out)
 sinks = ["bos", "mid_document", "mask_first"]  # initial-token conditions
 mask_k = 4  # keys masked at the start of every window in the mask_first condition
 

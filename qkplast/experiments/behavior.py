@@ -462,7 +462,7 @@ def document_windows(corpus, tokenizer, length: int, n: int, *, skip: int = 0) -
 
 
 def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesign, seed: int = 0, *,
-               sequences: Sequence[int] | None = None, batch_size: int = 1) -> xr.Dataset:
+               sequences: Sequence[int] | None = None, n_windows: int | None = None, batch_size: int = 1) -> xr.Dataset:
     """NLL and accuracy of the repeated segment in every cell of ``design``, per window.
 
     Each sequence of the design plants its segments (random token ids, distinct across the sequence's
@@ -474,6 +474,9 @@ def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesi
     ----------
     sequences : sequence of int, optional
         The design's sequences to run (default all); cells of the others are NaN.
+    n_windows : int, optional
+        Run only the first ``n_windows`` windows (default all); the others' cells are NaN. A window's segments
+        do not depend on how many windows run, so its cells are the ones a run of every window gives.
 
     Returns
     -------
@@ -495,7 +498,7 @@ def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesi
     nll, acc = np.full(shape, np.nan), np.full(shape, np.nan)
     jobs = []  # (window, sequence, ids, second-copy starts)
     offsets = np.arange(design.seg_len)
-    for w, base in enumerate(windows):
+    for w, base in enumerate(windows[:n_windows]):
         for s in run:
             rng = np.random.default_rng([seed, w, s])
             ids = np.array(base[: design.window], dtype=np.int64, copy=True)
@@ -524,7 +527,7 @@ def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesi
         coords={"window": np.arange(len(windows)), "position": list(design.positions),
                 "distance": list(design.distances)},
         attrs={"window_tokens": design.window, "seg_len": design.seg_len, "seed": seed, "scored_tokens": design.seg_len - 1,
-               "sequences": run,
+               "sequences": run, "windows_run": len(windows[:n_windows]),
                "method": "random segments planted twice at set second-copy positions and distances; tokens "
                          "2..seg_len of each second copy scored (mean NLL in nats per token, top-1 accuracy)"},
     )

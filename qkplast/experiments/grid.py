@@ -78,7 +78,8 @@ class Intervention:
     """One intervention of the grid.
 
     ``kind`` is one of "none", "lowest", "highest", "null lowest", "null highest", "clamp key", "clamp query";
-    a null set measures only ``sequences`` of the design (its first sequence: one cell per position).
+    a null set measures only ``sequences`` of the design (its first sequence: one cell per position) and, when
+    ``windows`` is set, only the first ``windows`` behaviour windows.
     """
 
     kind: str
@@ -86,6 +87,7 @@ class Intervention:
     draw: int = -1
     heads: list = field(default_factory=list)
     sequences: tuple | None = None
+    windows: int | None = None
 
     @property
     def mode(self) -> str | None:
@@ -119,16 +121,18 @@ def matched_random_heads(metrics: xr.Dataset, heads, n_sets: int, seed=0) -> lis
     return out
 
 
-def interventions(metrics: xr.Dataset, ks: Sequence[int], n_null: int, seed: int = 0) -> list[Intervention]:
+def interventions(metrics: xr.Dataset, ks: Sequence[int], n_null: int, seed: int = 0,
+                  null_windows: int | None = None) -> list[Intervention]:
     """The grid's conditions; the null sets of kind ``K`` for ``k`` use :func:`matched_random_heads` with seed
-    ``[seed, k, 0 (lowest) or 1 (highest)]``. A ``k`` beyond the model's heads is capped there."""
+    ``[seed, k, 0 (lowest) or 1 (highest)]`` and measure the first ``null_windows`` windows (None: all). A ``k``
+    beyond the model's heads is capped there."""
     out = [Intervention("none")]
     finite_bias = metrics.isel(head=np.isfinite(metrics["axis_a"].values).all(-1))
     for k in sorted({min(int(k), metrics.sizes["head"]) for k in ks}):
         for j, kind in enumerate(("lowest", "highest")):
             heads = select_heads(metrics, k, ABLATE_BY, largest=kind == "highest")
             out.append(Intervention(kind, k, heads=heads))
-            out += [Intervention(f"null {kind}", k, r, h, (0,))
+            out += [Intervention(f"null {kind}", k, r, h, (0,), null_windows)
                     for r, h in enumerate(matched_random_heads(metrics, heads, n_null, [seed, k, j]))]
         top = select_heads(finite_bias, min(k, finite_bias.sizes["head"]), CLAMP_BY, largest=True, absolute=True)
         out += [Intervention("clamp key", k, heads=top), Intervention("clamp query", k, heads=top)]
@@ -136,30 +140,38 @@ def interventions(metrics: xr.Dataset, ks: Sequence[int], n_null: int, seed: int
 
 
 def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesign, ks: Sequence[int], n_null: int,
-             seed: int = 0, progress: bool = False, calibrated: dict | None = None, batch_size: int = 1) -> xr.Dataset:
+             seed: int = 0, progress: bool = False, calibrated: dict | None = None, batch_size: int = 1,
+             null_windows: int | None = None) -> xr.Dataset:
     """Copy ``nll``/``acc`` for every condition: dims ``condition, window, position, distance``.
 
     ``windows`` are token arrays (:func:`qkplast.experiments.behavior.document_windows`). Coords on
     ``condition``: ``kind``, ``k``, ``draw`` (-1 unless a null set) and ``heads`` (:func:`format_heads`).
     ``calibrated`` maps ``(mode, k)`` to the calibrated clamp of that condition. ``batch_size`` sequences go
     through the model in one forward pass (:func:`~qkplast.experiments.behavior.copy_cells`): the same
-    values up to float rounding, faster where the hardware has room (2 on two CPU cores).
+    values up to float rounding, faster where the hardware has room (2 on two CPU cores). ``null_windows``: the
+    null sets measure only the first that many windows (they are most of the grid's forward passes, and their
+    rank p-value's floor, ``1 / (1 + n_null)``, does not depend on the windows); the targeted sets are compared
+    with them on those windows (:func:`null_position`). None: every window.
     """
     from tqdm.auto import tqdm
 
-    conds = interventions(metrics, ks, n_null, seed)
+    if null_windows is not None and not 2 <= int(null_windows) <= len(windows):
+        raise InterventionError(f"null_windows must be between 2 and the {len(windows)} behaviour windows (an interval "
+                                f"over windows needs two), got {null_windows}")
+    conds = interventions(metrics, ks, n_null, seed, null_windows)
     parts = []
     for cond in tqdm(conds, desc="conditions", disable=not progress):
         with cond.context(model, metrics, calibrated):
             parts.append(copy_cells(model, tokenizer, windows, design, seed, sequences=cond.sequences,
-                                    batch_size=batch_size))
+                                    n_windows=cond.windows, batch_size=batch_size))
     grid = xr.concat(parts, dim="condition")
     return grid.assign_coords(
         kind=("condition", [c.kind for c in conds]), k=("condition", [c.k for c in conds]),
         draw=("condition", [c.draw for c in conds]), heads=("condition", [format_heads(c.heads) for c in conds]),
-    ).assign_attrs(**{k: v for k, v in parts[0].attrs.items() if k != "sequences"},
+    ).assign_attrs(**{k: v for k, v in parts[0].attrs.items() if k not in ("sequences", "windows_run")},
                    model=str(getattr(model.config, "_name_or_path", "")), ablate_by=ABLATE_BY,
-                   clamp_by=f"|{CLAMP_BY}|", clamp_calibrated=calibrated is not None, n_null=n_null)
+                   clamp_by=f"|{CLAMP_BY}|", clamp_calibrated=calibrated is not None, n_null=n_null,
+                   null_windows=len(windows) if null_windows is None else int(null_windows))
 
 
 # --------------------------------------------------------------------------- effects and readings
@@ -208,11 +220,12 @@ def effect_table(grid: xr.Dataset, var: str = "nll", level: float = 0.95) -> pd.
 
 
 def null_position(grid: xr.Dataset, kind: str, k: int, var: str = "nll") -> dict:
-    """Where the targeted set's effect falls among its null sets, on the cells every null set measured.
+    """Where the targeted set's effect falls among its null sets, on the cells and windows every null set measured.
 
-    The statistic is the mean effect over windows and the design's first sequence's cells; the one-sided
+    The statistic is the mean effect over those windows and the design's first sequence's cells; the one-sided
     rank p-value of "the targeted set's effect is larger (NLL raised more)" is
-    ``(1 + #{null >= targeted}) / (1 + n_null)``, whose floor is ``1 / (1 + n_null)``.
+    ``(1 + #{null >= targeted}) / (1 + n_null)``, whose floor is ``1 / (1 + n_null)``. ``per_window`` holds
+    the targeted minus the null mean on each of those windows.
     """
     cells = _seq0(_design_of(grid))
     eff = _mean_cells(cell_effects(grid, var), cells)  # [condition, window]
@@ -220,6 +233,8 @@ def null_position(grid: xr.Dataset, kind: str, k: int, var: str = "nll") -> dict
     null = eff.sel(condition=(grid.kind == f"null {kind}") & (grid.k == k)).values  # [set, window]
     if null.shape[0] == 0:
         raise InterventionError(f"the grid has no null sets for {kind!r} at k={k}; run it with n_null > 0")
+    measured = np.isfinite(null).all(0)  # [window]: the windows every null set ran (run_grid's null_windows)
+    target, null = target[measured], null[:, measured]
     stat, null_stat = float(np.nanmean(target)), np.nanmean(null, axis=1)  # [set]
     return {"target": stat, "null": null_stat, "n_null": len(null_stat),
             "p": (1 + int(np.sum(null_stat >= stat))) / (1 + len(null_stat)), "floor": 1 / (1 + len(null_stat)),

@@ -12,6 +12,7 @@ from qkplast.analysis.metrics import analyze
 from qkplast.capture.corpus import Document
 from qkplast.capture.driver import capture
 from qkplast.experiments.behavior import CopyDesign, document_windows
+from qkplast.experiments.intervene import InterventionError
 from qkplast.options import CaptureOptions
 from tests.helpers import tiny_model, tiny_tokenizer
 
@@ -68,6 +69,16 @@ def test_grid_end_to_end_on_a_tiny_model(setup, tmp_path):
     np.testing.assert_array_equal(qx.cell_effects(grid).sel(condition=grid.kind == "none"), 0.0)
     table = qx.readings(grid)
     assert len(table) == 4 and set(table.verdict) <= {"supported", "contradicted", "left open", "no effect"}
+    # null sets on the first two windows only: their cells there are the full grid's (the same segments), the
+    # targeted conditions still run every window
+    part = qx.run_grid(model, tok, windows, metrics, design=DESIGN, ks=[3], n_null=4, calibrated=cal, null_windows=2)
+    nulls = part.kind.str.startswith("null").values
+    np.testing.assert_array_equal(part.nll.values[nulls, :2], grid.nll.values[nulls, :2])
+    assert np.isnan(part.nll.values[nulls, 2:]).all() and part.attrs["null_windows"] == 2
+    np.testing.assert_array_equal(part.nll.values[~nulls], grid.nll.values[~nulls])
+    assert len(qx.readings(part)) == 4
+    with pytest.raises(InterventionError, match="null_windows must be between 2 and the 4"):
+        qx.run_grid(model, tok, windows, metrics, design=DESIGN, ks=[3], n_null=4, null_windows=5)
     assert np.allclose(table.loc[table.measure.str.contains("matched"), "p floor"], 1 / 5)
     heads = qx.parse_heads(str(grid.heads.sel(condition=grid.kind == "clamp key").values[0]))
     checks = qx.load_or_manipulation_checks(tmp_path, model, tok, _docs(), cap, metrics, heads,

@@ -105,3 +105,23 @@ def test_null_position_ranks_the_targeted_set_among_its_nulls():
     assert set(table.kind) == {"lowest", "highest", "clamp key", "clamp query"} and len(table) == 16
     row = table[(table.kind == "lowest") & (table.position == 288) & (table.distance == 32)].iloc[0]
     assert row.lo <= row.effect <= row.hi and row.effect == pytest.approx(0.5, abs=0.02)
+
+
+def test_targeted_sets_meet_their_nulls_on_the_windows_the_nulls_measured():
+    # null sets measured on the first 3 of 8 windows (run_grid's null_windows); the lowest set's effect is planted
+    # 0.5 there and 5.0 on the other windows, which the comparison with the nulls must not read
+    grid = synthetic_grid()
+    is_null = np.char.startswith(grid.kind.values.astype(str), "null")
+    nll = grid.nll.values.copy()
+    nll[is_null, 3:] = np.nan
+    nll[list(grid.kind.values).index("lowest"), 3:] += 4.5
+    part = grid.copy(data={"nll": nll, "acc": grid.acc.values})
+    pos = qx.null_position(part, "lowest", 16)
+    assert len(pos["per_window"]) == 3 and np.isfinite(pos["null"]).all()
+    assert pos["target"] == pytest.approx(0.5, abs=0.02)  # over the unablated model, on windows 0-2 only
+    r = qx.readings(part).set_index("measure").iloc[0]
+    assert r.estimate == pytest.approx(0.4, abs=0.02)  # 0.5 over the nulls' 0.1, not pulled up by windows 3-7
+    full = qx.readings(grid).set_index("measure").iloc[0]
+    assert r.hi - r.lo > full.hi - full.lo  # fewer windows: a wider interval (t with 2 degrees of freedom, not 7)
+    # the other readings keep every window: the key clamp's interval is the full grid's
+    assert qx.readings(part).iloc[3][["lo", "hi"]].tolist() == qx.readings(grid).iloc[3][["lo", "hi"]].tolist()
