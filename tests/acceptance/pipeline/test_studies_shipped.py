@@ -1,7 +1,7 @@
 """The shipped studies as written: each file validated as shipped, and its first run rehearsed with tiny
 stand-ins of the same architectures (random weights at a pinned commit in a local hub cache) at a short window
-through every stage, with ``qkplast study``; the thesis study's on the one-node SLURM cluster, after its
-``--dry-run`` script is checked.
+through the capture and analysis stages with ``qkplast study``; the thesis study's through every stage on the
+one-node SLURM cluster, after its ``--dry-run`` script is checked.
 
 Only the model (its stand-in), the corpus (generated, in the study's own ``text_field``), the window, ``docs``,
 the device and the resources are replaced; everything else (keys, revisions policy, analysis options, the rest
@@ -21,12 +21,11 @@ import pytest
 import yaml
 
 from tests.hub_fixtures import make_hub, repo_id, save_to_hub_cache, tiny_tokenizer
+from qkplast.io import open_capture
 from qkplast.rundir.study_file import is_done, load_study
 from tests.helpers import ROOT
 from tests.unit.pipeline.test_studies_shipped import STUDIES, WINDOW, stand_in
 
-#: the capture study rehearsed through the notebooks locally (its checkpoints read the base model's tokenizer)
-FULL_REHEARSAL = {"smollm3-checkpoints"}
 
 def _mistral3():
     import torch
@@ -119,20 +118,19 @@ def _first_run_through_every_stage(study_file: Path, out: Path):
 def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stand_in_hub, tiny_notebooks):
     path = rehearsal_file(shipped, stand_in_hub, slurm=False, notebooks=tiny_notebooks)
     t0 = time.perf_counter()
-    # The notebooks are the same code on every architecture (the thesis study runs them on SLURM below, the
-    # README's commands in tests/acceptance/test_readme*.py): one study here goes through them, the others
-    # stop after the architecture-specific stages (capture and analysis), which keeps the tier's time down.
-    stage = "notebooks" if shipped.stem in FULL_REHEARSAL else "analyze"
-    r = _qkplast("study", path, "--executor", "local", "--stage", stage, env=_env(stand_in_hub[0]))
+    # The notebooks are the same code on every architecture and load a model only through
+    # qkplast.capture.models.load_for with the run's recorded options, the capture stage's own path (the
+    # recorded tokenizer of SmolLM3's checkpoints included: tests/unit/pipeline/test_batch.py): the thesis study
+    # runs them on SLURM below and the README's commands in tests/acceptance/test_rehearsal.py, so each study here
+    # stops after the architecture-specific stages (capture and analysis), which keeps the tier's time down.
+    r = _qkplast("study", path, "--executor", "local", "--stage", "analyze", env=_env(stand_in_hub[0]))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert ": ok (" in r.stdout  # validated before it was submitted
-    if stage == "notebooks":
-        _first_run_through_every_stage(path, stand_in_hub[2])
-    else:
-        run = load_study(path).runs[0]
-        assert is_done(run.run_dir, "analyze") and not is_done(run.run_dir, "notebooks")
-        assert (run.run_dir / "capture.nc").exists() and (run.run_dir / "metrics.nc").exists()
-    print(f"{shipped.stem}: first run through stage {stage} in {time.perf_counter() - t0:.0f} s")
+    run = load_study(path).runs[0]
+    assert is_done(run.run_dir, "analyze") and not is_done(run.run_dir, "notebooks")
+    assert (run.run_dir / "capture.nc").exists() and (run.run_dir / "metrics.nc").exists()
+    assert open_capture(run.run_dir / "capture.nc").attrs["tokenizer"] == run.capture.tokenizer
+    print(f"{shipped.stem}: first run through stage analyze in {time.perf_counter() - t0:.0f} s")
 
 
 def test_the_thesis_study_first_run_on_a_one_node_slurm_cluster(stand_in_hub, slurm, tiny_notebooks):

@@ -148,3 +148,24 @@ def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, m
     assert run.options == options and calls == []
     with pytest.raises(rundir.RunError, match="seq_len: 1024 there, 2048 asked"):
         rundir.load_run(tmp_path / "run", seq_len=2048, bucket_size=128)
+
+
+def test_the_notebooks_load_the_model_with_the_recorded_tokenizer(tmp_path, monkeypatch):
+    # A checkpoint series without a tokenizer of its own (SmolLM3's) names its base model's: the run records it,
+    # and a notebook's model comes from qkplast.capture.models.load_for(run.options) with it (the capture stage's
+    # own path, which tests/acceptance rehearses); every notebook that loads a model does so through load_for.
+    from qkplast.options import CaptureOptions
+    from qkplast.rundir.directory import write_manifest
+
+    options = CaptureOptions(model="owner/series@stage1-step-40000", tokenizer="owner/base@main", docs=2)
+    write_manifest(tmp_path, {"capture": options.to_dict()})
+    recorded, _ = rundir.run_settings(tmp_path)
+    assert recorded.tokenizer == "owner/base@main" and recorded == options
+    import qkplast.capture.models as models
+
+    seen = []
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: seen.append(k.get("tokenizer")))
+    models.load_for(recorded)
+    assert seen == ["owner/base@main"]
+    loads = {p.name for p in NOTEBOOKS if re.search(r"load_model|from_pretrained", p.read_text())}
+    assert not loads, f"{sorted(loads)} load a model other than through load_for(run.options)"
