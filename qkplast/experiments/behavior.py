@@ -527,7 +527,7 @@ def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesi
         coords={"window": np.arange(len(windows)), "position": list(design.positions),
                 "distance": list(design.distances)},
         attrs={"window_tokens": design.window, "seg_len": design.seg_len, "seed": seed, "scored_tokens": design.seg_len - 1,
-               "sequences": run, "windows_run": len(windows[:n_windows]),
+               "sequences": run,
                "method": "random segments planted twice at set second-copy positions and distances; tokens "
                          "2..seg_len of each second copy scored (mean NLL in nats per token, top-1 accuracy)"},
     )

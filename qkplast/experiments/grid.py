@@ -168,7 +168,7 @@ def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesi
     return grid.assign_coords(
         kind=("condition", [c.kind for c in conds]), k=("condition", [c.k for c in conds]),
         draw=("condition", [c.draw for c in conds]), heads=("condition", [format_heads(c.heads) for c in conds]),
-    ).assign_attrs(**{k: v for k, v in parts[0].attrs.items() if k not in ("sequences", "windows_run")},
+    ).assign_attrs(**{k: v for k, v in parts[0].attrs.items() if k != "sequences"},
                    model=str(getattr(model.config, "_name_or_path", "")), ablate_by=ABLATE_BY,
                    clamp_by=f"|{CLAMP_BY}|", clamp_calibrated=calibrated is not None, n_null=n_null,
                    null_windows=len(windows) if null_windows is None else int(null_windows))
