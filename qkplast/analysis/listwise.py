@@ -191,7 +191,6 @@ class BucketSets:
     keys: torch.Tensor  # [key] eligible sample indices
     sets: list  # per set size (not 2): (idx [set, slot] into keys, mask [set, slot])
     nearest: torch.Tensor  # [key] keys in the nearest eligible bucket
-    same: torch.Tensor  # [query, key] query and key in one document
     has: torch.Tensor  # [query] the query's document has keys in the nearest bucket
     query_doc: torch.Tensor  # [query] document index of each query
     key_group: torch.Tensor  # [group, key] keys of each pairing group (documents; one group with pair_docs="any")
@@ -259,7 +258,7 @@ def set_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, 
         groups, query_group = np.unique(code[qs], return_inverse=True)
         key_group = code[keys][None, :] == groups[:, None]  # [group, key]
         out.append(BucketSets(*(torch.as_tensor(x, device=dev) for x in (qs, keys)), sets,
-                              *(torch.as_tensor(x, device=dev) for x in (nearest, same, has, doc_of[qs], key_group,
+                              *(torch.as_tensor(x, device=dev) for x in (nearest, has, doc_of[qs], key_group,
                                                                           query_group))))
     n_sets = np.stack([(drawn[m][1].sum(-1) >= 2).sum(-1) for m in sizes], -1) * usable[:, None]  # [bucket, size]
     gen = torch.Generator().manual_seed(opt.seed)
@@ -328,8 +327,7 @@ def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx
     close = torch.ge(g, close_threshold(g.amax(1), bound)[:, None],
                      out=scratch("listwise_close", g.shape, g))  # [set, slot, head * row]
     # one product gives both the number of close keys and, where it is one, the winner's slot
-    count_arg = torch.matmul(torch.stack([torch.ones(n_slot, device=g.device),
-                                          torch.arange(n_slot, dtype=torch.float32, device=g.device)]), close)
+    count_arg = torch.matmul(slot_weights(n_slot, g.device), close)  # [set, 2, head * row]
     sure = count_arg[:, 0] == 1  # [set, head * row]
     arg = count_arg[:, 1].round_().long().masked_fill_(~sure, 0)  # an uncertain row is counted below instead
     group = column_groups(n_head, sizes, g.device)  # [head * row]: head * n_source + source
@@ -337,29 +335,35 @@ def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx
     counts = torch.zeros(n_set, n_slot, n_group, dtype=torch.float64, device=g.device)
     counts.view(n_set, -1).scatter_add_(1, arg * n_group + group, sure.to(torch.float64))
     if not bool(sure.all()):
-        ss, col = (~sure).nonzero(as_tuple=True)
-        e = exact(col // sum(sizes), col % sum(sizes), idx[ss]).masked_fill(~smask[ss], -torch.inf)  # [n_unsure, slot]
+        ss, col = (~sure).nonzero(as_tuple=True)  # the uncertain (set, column) cells
+        # only the close keys can win: any other scores below the float32 top key's exact score (float32 score
+        # below top - 2 bound, so exact below top - bound), so only they are scored again in float64
+        u, slot = (close[ss, :, col].bool() & smask[ss]).nonzero(as_tuple=True)  # [n_close]
+        e = torch.full((ss.numel(), n_slot), -torch.inf, dtype=torch.float64, device=g.device)  # [n_unsure, slot]
+        e[u, slot] = exact(col[u] // sum(sizes), col[u] % sum(sizes), idx[ss[u], slot][:, None])[:, 0]
         tie = (e == e.amax(-1, keepdim=True)).to(torch.float64)
         counts.index_put_((ss[:, None].expand_as(tie), torch.arange(n_slot, device=g.device)[None].expand_as(tie),
                            group[col][:, None].expand_as(tie)),
                           tie / tie.sum(-1, keepdim=True), accumulate=True)
-    counts = counts.view(n_set, n_slot, n_head, len(sizes))
-    # sets last as a view of a sets-first array: the layout (and so the order of the callers' means over the
-    # sets) of the one-source result
-    ap = torch.stack([gini_plasticity(counts[..., src].contiguous(), n, flag, smask)
-                      for src, (n, flag) in enumerate(zip(sizes, flags))]).transpose(1, 2)  # [source, head, set]
+    ap = gini_plasticity(counts.view(n_set, n_slot, n_head, len(sizes)), sizes, flags, smask)  # [source, head, set]
     return ap[0] if rows is None else ap
 
 
-def gini_plasticity(counts: torch.Tensor, n: int, unbiased: bool, smask: torch.Tensor) -> torch.Tensor:
-    """Listwise plasticity ``[set, head]`` from the win counts ``[set, slot, head]`` of ``n`` rows per head."""
-    p = counts / n  # [set, slot, head]
-    gini = 1 - (p * p).sum(1)  # [set, head]
-    if unbiased:
-        gini = gini * n / max(n - 1, 1)
-    m = smask.sum(-1).to(torch.float64)[:, None]  # [set, 1]
-    ap = gini / (1 - 1 / m.clamp_min(2))  # [set, head]
-    return torch.where((m < 2) | (n < 2), torch.full_like(ap, float("nan")), ap)
+def gini_plasticity(counts: torch.Tensor, n: tuple[int, ...], unbiased: tuple[bool, ...],
+                    smask: torch.Tensor) -> torch.Tensor:
+    """Listwise plasticity ``[source, head, set]`` from the win counts ``[set, slot, head, source]`` of ``n[s]``
+    rows per head of source ``s`` (``unbiased[s]``: times ``n / (n - 1)``)."""
+    n_rows = torch.tensor(n, dtype=torch.float64, device=counts.device)  # [source]
+    num, den = (torch.tensor([(r, max(r - 1, 1)) if flag else (1, 1) for r, flag in zip(n, unbiased)],
+                             dtype=torch.float64, device=counts.device).T)  # [source] each
+    p = counts / n_rows  # [set, slot, head, source]
+    gini = (1 - (p * p).sum(1)) * num / den  # [set, head, source]
+    m = smask.sum(-1).to(torch.float64)[:, None, None]  # [set, 1, 1]
+    ap = gini / (1 - 1 / m.clamp_min(2))  # [set, head, source]
+    ap = torch.where((m < 2) | (n_rows < 2), torch.full_like(ap, float("nan")), ap)
+    # sources first, then sets last as a view of a sets-first array: the layout (and so the order of the
+    # callers' means over the sets) of one source's result
+    return ap.permute(2, 0, 1).contiguous().transpose(1, 2)
 
 
 def set_scores(scores32: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor) -> torch.Tensor:
@@ -394,6 +398,13 @@ def close_threshold(top: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
                         twice)  # rounded up: at least 2 bound
     thr = top - twice  # [set, column]
     return torch.nextafter(thr, thr.new_tensor(-torch.inf), out=thr)
+
+
+@functools.lru_cache(maxsize=256)
+def slot_weights(n_slot: int, device: torch.device) -> torch.Tensor:
+    """``[2, slot]``: ones and the slot indices, so one product with the close keys ``[set, slot, column]``
+    counts them and, where one is close, names its slot. Cached (read-only), as :func:`column_groups`."""
+    return torch.stack([torch.ones(n_slot, device=device), torch.arange(n_slot, dtype=torch.float32, device=device)])
 
 
 @functools.lru_cache(maxsize=256)
@@ -494,15 +505,56 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
         s_pos = (model.mean[:, b, 0, None] * k_pos * scale)[:, None, :]  # [head, 1, key]
         w_pos = torch.softmax(torch.where(bs.key_group[None], s_pos, block), -1)  # [head, group, key]
         mass_pos = (w_pos @ nearest)[:, bs.query_group]  # [head, query]
-        # the softmax of the float32 scores in float32 (its own rounding, about 1e-7 relative, is far below the
-        # scores' bound), the masses summed in float64
-        scores = s32.view(s32.shape[0], h, -1)[..., :n_q].permute(1, 2, 0)  # [head, query, key]: the captured rows
-        w = torch.softmax(scores.mul(scale).masked_fill_(~bs.same[None], -torch.inf), -1)  # [head, query, key]
-        mass_act = (w @ bs.nearest.to(torch.float32)).to(torch.float64)  # [head, query]
+        scores = s32.view(s32.shape[0], h, -1)[..., :n_q]  # [key, head, query]: the captured rows
+        mass_act = softmax_mass(scores, scale, bs.key_group, bs.query_group, bs.nearest)  # [head, query]
         for mass, dst, dst_doc in ((mass_pos, near_pos, near_pos_doc), (mass_act, near_act, near_act_doc)):
             dst[:, b] = masked_set_mean(mass, bs.has)
             dst_doc[:, b] = _doc_means(mass, bs.has, bs.query_doc, sets.n_doc)
     return ListwiseChunk(ap, ap_mc, near_pos, near_act, near_pos_doc, near_act_doc)
+
+
+def softmax_mass(scores: torch.Tensor, scale: float, key_group: torch.Tensor, query_group: torch.Tensor,
+                 nearest: torch.Tensor) -> torch.Tensor:
+    """Softmax mass ``[head, query]`` on the ``nearest`` keys, each query's softmax over its own group's keys.
+
+    Parameters
+    ----------
+    scores : Tensor ``[key, head, query]``
+        float32 scores ``q^T k`` (keys first, as :func:`float32_product` writes them); times ``scale`` in the
+        softmax.
+    key_group : Tensor ``[group, key]``
+        The keys of each pairing group (one group of every key with ``pair_docs="any"``).
+    query_group : Tensor ``[query]``
+        The group of each query.
+    nearest : Tensor ``[key]``
+        The keys whose mass is wanted.
+
+    Notes
+    -----
+    The weights stay in the keys-first layout of the scores: each query's largest score in its group is
+    subtracted, the exponentials are formed once, and one product with the groups' key masks gives every
+    group's total and nearest sums; each query reads its own group's. A key of another group may score above
+    the query's largest: its exponent is clamped at 0 (a finite weight) before the product leaves it out. The
+    exponentials are float32 (rounding about 1e-7 relative, far below the scores' bound), the ratio float64.
+    A query whose group has no keys gets NaN (0 / 0), as a softmax over no keys.
+    """
+    n_key, h, n_q = scores.shape
+    n_group = key_group.shape[0]
+    whole = n_group == 1 and bool(key_group.all())  # one group of every key (pair_docs="any", one document)
+    if whole:
+        top = scores.amax(0)  # [head, query]
+    else:
+        # each key's group; a key of no query's group goes to an extra group no query reads
+        kg = torch.where(key_group.any(0), key_group.to(torch.uint8).argmax(0), n_group)  # [key]
+        tops = torch.full((n_group + 1, h, n_q), -torch.inf, dtype=scores.dtype, device=scores.device)
+        tops.scatter_reduce_(0, kg[:, None, None].expand_as(scores), scores, "amax")  # [group + 1, head, query]
+        top = tops.gather(0, query_group[None, None, :].expand(1, h, n_q))[0]  # [head, query]
+    e = torch.sub(scores, top).mul_(scale)  # [key, head, query]
+    e = e.exp_() if whole else e.clamp_max_(0).exp_()
+    w = torch.cat([key_group, key_group & nearest[None]]).to(scores.dtype)  # [2 * group, key]
+    sums = (w @ e.view(n_key, h * n_q)).view(2, n_group, h, n_q).to(torch.float64)  # totals, nearest sums
+    total, near = sums.gather(1, query_group[None, None, None, :].expand(2, 1, h, n_q))[:, 0]  # [head, query] each
+    return near / total
 
 
 def masked_set_mean(x: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkplast.analysis.listwise import (certified_winner_plasticity, close_threshold, float32_scores, gather_sets,
-                                       listwise, winner_plasticity)
+                                       listwise, softmax_mass, winner_plasticity)
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.results.tables import nearest_mass_table
 from qkplast.theory.planted import planted_capture
@@ -93,3 +93,30 @@ def test_padded_sets_and_the_nearest_mass_per_document():
     lo, hi = (float(x) for x in row["full scores 95% CI"].strip("[]").split(","))
     assert lo <= row["full scores"] <= hi
     assert row["full scores"] == pytest.approx(float(np.nanmean(doc.sel(query_bucket=5).mean("head"))))
+
+
+def test_the_nearest_mass_equals_a_masked_softmax_per_query(rng):
+    """softmax_mass, keys first and one product for every group, against each query's own masked softmax: keys of no
+    query's group, a group with no keys (NaN), a key of another group far above a query's own (its weight must not
+    overflow), and the one-group case."""
+    n_key, h, n_q = 12, 3, 7
+    scores = torch.as_tensor(rng.normal(size=(n_key, h, n_q)) * 5, dtype=torch.float32)  # [key, head, query]
+    key_group = torch.zeros(3, n_key, dtype=torch.bool)
+    key_group[0, :5], key_group[1, 5:10] = True, True  # keys 10 and 11 in no group; group 2 has no keys
+    query_group = torch.as_tensor([0, 0, 1, 1, 1, 2, 0])
+    scores[6, :, 0] = 500.0  # a key of group 1 far above query 0's own keys (group 0): exp would overflow
+    nearest = torch.zeros(n_key, dtype=torch.bool)
+    nearest[[1, 3, 6, 11]] = True
+    scale = 0.3
+    got = softmax_mass(scores, scale, key_group, query_group, nearest)  # [head, query]
+    same = key_group[query_group]  # [query, key]
+    s = scores.permute(1, 2, 0).to(torch.float64) * scale  # [head, query, key]
+    w = torch.softmax(s.masked_fill(~same[None], -torch.inf), -1)
+    want = (w * nearest.to(torch.float64)).sum(-1)
+    assert bool(torch.isnan(got[:, 5]).all()) and bool(torch.isnan(want[:, 5]).all())
+    keep = torch.arange(n_q) != 5
+    torch.testing.assert_close(got[:, keep], want[:, keep], rtol=1e-5, atol=1e-7)
+    assert bool(torch.isfinite(got[:, 0]).all())
+    one = softmax_mass(scores, scale, torch.ones(1, n_key, dtype=torch.bool), torch.zeros(n_q, dtype=torch.long), nearest)
+    want_one = (torch.softmax(s, -1) * nearest.to(torch.float64)).sum(-1)
+    torch.testing.assert_close(one, want_one, rtol=1e-5, atol=1e-7)
