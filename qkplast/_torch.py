@@ -42,10 +42,13 @@ def to_numpy(x: torch.Tensor) -> np.ndarray:
 
 #: CPU chunk budget (MB) of kernels whose large temporaries are :func:`scratch` buffers, reused chunk after chunk:
 #: analyze() of 300 heads x 16 buckets x 256 pairs (d = 128) took 0.94 s in the 10-head chunks of this budget
-#: against 1.10 s in the 2-head chunks of the 16 MB default, on 2 cores (best of 5, one run); the default analyze()
-#: with the listwise pass (a dozen small operations per query bucket and set size, per chunk) took 2.65-2.71 s in
-#: the 25-30-head chunks of 192 MB against 2.94-2.98 s in 10-head chunks (the same run, interleaved)
-SCRATCH_CPU_MB = 192
+#: against 1.10 s in the 2-head chunks of the 16 MB default, on 2 cores (best of 5, one run)
+SCRATCH_CPU_MB = 64
+#: CPU chunk budget (MB) of the passes that include the listwise plasticity (a dozen small operations per query
+#: bucket and set size, per chunk, whatever the chunk's size): the default analyze() of the same workload took
+#: 2.65-2.71 s in the 25-30-head chunks of this budget against 2.94-2.98 s in the 10-head chunks of
+#: SCRATCH_CPU_MB (one run, interleaved); the thesis's metrics alone keep SCRATCH_CPU_MB
+LISTWISE_CPU_MB = 192
 
 
 def auto_chunk(bytes_per_head: float, device: torch.device, cpu_mb: int = 16) -> int:

@@ -115,7 +115,8 @@ class AnalysisOptions:
         reused instead of being mapped and zero-filled afresh (measured 2-4x
         faster than 32-head chunks here), and near 1 GB on a GPU. The thesis
         metrics of :func:`qkplast.analyze` and :func:`qkplast.analysis.plasticity.plasticity`
-        keep those temporaries in per-thread scratch buffers and use 192 MB.
+        keep those temporaries in per-thread scratch buffers and use 64 MB (192 MB with the listwise
+        plasticity, ``open_questions``).
 
     Added later (plasticity, section 4.4)
     -------------------------------------

@@ -26,6 +26,10 @@ fi
 # OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another
 # process (a notebook kernel beside pytest) is busy on this 2-core machine.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE
+# Bytecode is written (an environment may set PYTHONDONTWRITEBYTECODE): the run starts a few hundred Python
+# processes (notebook kernels, CLI calls, pytest's workers), and without a cache each compiles qkplast's modules
+# again, about 0.15 s of importing the CLI's modules here.
+unset PYTHONDONTWRITEBYTECODE
 workers=()
 if [ $# -eq 0 ]; then
   set -- tests notebooks

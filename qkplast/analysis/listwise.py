@@ -42,8 +42,8 @@ import torch
 import xarray as xr
 from scipy.special import gammaln
 
-from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device, scratch,
-                            to_numpy)
+from qkplast._torch import (LISTWISE_CPU_MB, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device,
+                            scratch, to_numpy)
 from qkplast.analysis.moments import cloud_moments
 from qkplast.analysis.plasticity import (PlasticityWarning, QueryModel, Rotated, bytes_per_head, pair_kernel,
                                          pair_plan, rotated_clouds, weighted_pair_mean)
@@ -441,9 +441,13 @@ def float32_product(rows32: torch.Tensor, row_norm: torch.Tensor, keys32: torch.
     if not (float32_products_are_exact_ieee(rows32.device) and bool((scale < 2.0**100).all())):
         bound = torch.full_like(bound, torch.inf)
     h, n_key, n_row = keys32.shape[0], keys32.shape[1], rows32.shape[1]
-    s = torch.bmm(keys32, rows32.transpose(1, 2), out=scratch("listwise_bmm", (h, n_key, n_row), keys32))  # [h, k, r]
     out = scratch("listwise_scores", (n_key, h * n_row), keys32)  # [key, head * row]
-    out.view(n_key, h, n_row).copy_(s.transpose(0, 1))
+    per_head = out.view(n_key, h, n_row).transpose(0, 1)  # [head, key, row] view of the keys-first layout
+    if keys32.device.type == "cpu":
+        # numpy's BLAS writes the strided view itself (a leading dimension of h * row): no product-sized copy
+        matmul(keys32, rows32.transpose(1, 2), out=per_head)
+    else:
+        per_head.copy_(torch.bmm(keys32, rows32.transpose(1, 2)))
     return out, bound.reshape(-1)
 
 
@@ -624,7 +628,7 @@ def listwise(capture: xr.Dataset, options: AnalysisOptions | None = None, **over
         pp, pp_mc = pair_kernel(rot.qr, rot.kr, lay.pi, lay.pj, rot.model, lay.qidx, lay.qmask, opt.mc_unbiased)
         return weighted_pair_mean(pp, lay.pweight), weighted_pair_mean(pp_mc, lay.pweight), listwise_kernel(rot, sets, opt)
 
-    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, SCRATCH_CPU_MB)
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, LISTWISE_CPU_MB)
     ap, ap_mc, chunks = zip(*map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))
     return listwise_dataset(list(chunks), sets, lay.buckets, np.unique(capture["doc"].values),
                             to_numpy(torch.cat(ap)), to_numpy(torch.cat(ap_mc)), opt.n_model_queries)

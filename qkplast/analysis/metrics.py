@@ -11,7 +11,7 @@ from qkplast.analysis.open_questions import (concat, decomposition_hook, listwis
                                              open_questions_dataset)
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.views import analysis_vectors
-from qkplast._torch import SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device
+from qkplast._torch import LISTWISE_CPU_MB, SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device
 from qkplast.analysis.moments import cloud_moments
 from qkplast.analysis.pca import pca_dataset, pca_from_moments
 from qkplast.analysis.plasticity import (bytes_per_head, plasticity_dataset, plasticity_kernel, pair_plan,
@@ -50,7 +50,8 @@ def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset
         return pca_from_moments(m), rotation_from_moments(m), plasticity_kernel(m, lay, opt, rot, hook), listwise
 
     # the largest temporaries are per-thread scratch buffers, so chunks can be larger than the 16 MB default
-    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, SCRATCH_CPU_MB)
+    budget = LISTWISE_CPU_MB if extra else SCRATCH_CPU_MB
+    chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, budget)
     pca_parts, rotation_parts, plasticity_parts, listwise_parts = zip(
         *map_head_chunks(one_chunk, capture.sizes["head"], chunk, dev))
     plast = plasticity_dataset(list(plasticity_parts), lay, int(capture.attrs["seq_len"]), opt)
