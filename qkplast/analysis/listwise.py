@@ -637,13 +637,43 @@ def listwise(capture: xr.Dataset, options: AnalysisOptions | None = None, **over
 # --------------------------------------------------------------------------- across heads
 
 
-def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Spearman correlation of each row pair of ``x``, ``y`` ``[rep, n]`` (ranks by double argsort)."""
-    rx = np.argsort(np.argsort(x, axis=1), axis=1).astype(float)
-    ry = np.argsort(np.argsort(y, axis=1), axis=1).astype(float)
-    rx -= rx.mean(1, keepdims=True)
-    ry -= ry.mean(1, keepdims=True)
+#: values of one row within this fraction of the row's largest magnitude are ties (rounding, not order)
+TIE_TOLERANCE = 1e-9
+
+
+def tied_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks ``[rep, n]`` of each row of ``x``, ties sharing their average rank (Spearman's rule for ties).
+
+    Values within ``TIE_TOLERANCE`` times the row's largest magnitude of the value before them in sorted
+    order are tied: listwise plasticity from a few dozen draws takes discrete values, so heads often share
+    one, and their means over buckets then differ by rounding alone (the order of a sum); an order decided
+    by rounding would move the correlation with the chunking of the heads.
+    """
+    order = np.argsort(x, axis=1, kind="stable")
+    xs = np.take_along_axis(x, order, 1)  # [rep, n] sorted
+    tol = TIE_TOLERANCE * np.abs(x).max(1, keepdims=True)
+    n = x.shape[1]
+    pos = np.broadcast_to(np.arange(n, dtype=float), x.shape)
+    starts = np.concatenate([np.ones((x.shape[0], 1), bool), np.diff(xs, axis=1) > tol], 1)  # a group begins
+    ends = np.concatenate([starts[:, 1:], np.ones((x.shape[0], 1), bool)], 1)  # a group ends
+    first = np.maximum.accumulate(np.where(starts, pos, 0), axis=1)  # [rep, n] first position of the group
+    last = np.minimum.accumulate(np.where(ends, pos, n)[:, ::-1], axis=1)[:, ::-1]  # last position
+    ranks = np.empty_like(pos)
+    np.put_along_axis(ranks, order, (first + last) / 2, 1)
+    return ranks
+
+
+def _rank_correlation(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each row pair of ranks ``[rep, n]``."""
+    rx = rx - rx.mean(1, keepdims=True)
+    ry = ry - ry.mean(1, keepdims=True)
     return (rx * ry).sum(1) / np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman correlation of each row pair of ``x``, ``y`` ``[rep, n]`` (ties share their average rank,
+    :func:`tied_ranks`)."""
+    return _rank_correlation(tied_ranks(x), tied_ranks(y))
 
 
 def head_level(metrics: xr.Dataset, variable: str = "ap_set") -> xr.DataArray:
@@ -694,6 +724,7 @@ def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str
     rng = np.random.default_rng(seed)
     rho = float(_spearman_rows(x[None], y[None])[0])
     perm = np.argsort(rng.random((n_perm, len(x))), axis=1)
-    null = _spearman_rows(np.broadcast_to(x, perm.shape), y[perm])
+    rx, ry = tied_ranks(x[None]), tied_ranks(y[None])[0]  # the ranks of a permuted side are its ranks permuted
+    null = _rank_correlation(np.broadcast_to(rx, perm.shape), ry[perm])
     return {"set_size": set_size, "rho": rho, "p_perm": float((1 + np.sum(np.abs(null) >= abs(rho))) / (1 + n_perm)),
             "n_heads": int(len(x))}

@@ -5,8 +5,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
-from qkplast.analysis.listwise import draw_sets, listwise, model_draws, winner_plasticity
+from qkplast.analysis.listwise import (draw_sets, listwise, model_draws, pairwise_predicts_listwise, tied_ranks,
+                                       winner_plasticity)
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, plasticity, pair_plan
 from qkplast.theory.planted import planted_capture
@@ -116,3 +118,24 @@ def test_analyze_returns_the_contract_names(planted):
     total = m.ap_drop_baseline + m.ap_drop_bias + m.ap_drop_content + m.ap_drop_interaction
     assert float(abs(total - m.ap_drop).max()) < 1e-12
     assert float(abs(m.ap_set.sel(set_size=2) - m.ap).max()) < 1e-12
+
+
+def test_rank_correlation_treats_values_equal_to_rounding_as_ties(rng):
+    """Heads often share a listwise value (a few dozen draws give discrete values) and their bucket means then
+    differ by rounding alone: the ranks, and so rho and its permutation p-value, must not depend on that."""
+    from scipy.stats import rankdata
+
+    x = rng.integers(0, 6, 40) / 7.0  # many exact ties
+    noisy = x * (1 + rng.choice([-1, 0, 1], 40) * 2.0**-52)  # the same values, summed in another order
+    want = rankdata(x) - 1  # average ranks of the ties
+    np.testing.assert_array_equal(tied_ranks(x[None])[0], want)
+    np.testing.assert_array_equal(tied_ranks(noisy[None])[0], want)
+    np.testing.assert_array_equal(tied_ranks(np.array([[0.1, 0.2, 0.3]]))[0], [0, 1, 2])  # distinct values keep order
+    y = x + rng.normal(size=40)
+    m = xr.Dataset(
+        {"ap_set": (("head", "query_bucket", "set_size"), np.stack([y, x], -1)[:, None, :])},
+        coords={"set_size": [2, 8]})
+    m_noisy = m.copy(deep=True)
+    m_noisy["ap_set"].values[:, 0, 1] = noisy
+    a, b = (pairwise_predicts_listwise(d, 8, n_perm=500) for d in (m, m_noisy))
+    assert a == b
