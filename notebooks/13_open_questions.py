@@ -250,7 +250,8 @@ fig = op.counterfactual_profiles(metrics)
 # All conditions use the same documents (the first ones long enough for every window), one document per
 # window. A scaled RoPE base is applied by rescaling the loaded model's rotary frequency buffers and restoring
 # them afterwards; masking goes through the attention hook. A window equal to the run's own is cut from the
-# run's capture (checked token by token) rather than captured again.
+# run's capture (checked token by token) rather than captured again, and the baseline from the capture at every
+# position below (the positions its seed samples: the same values as a capture of its own).
 #
 # **Intervals and the null.** A condition's difference to the baseline is paired by document; its interval is
 # the policy's interval over documents, both captures re-analysed with each document left out. The null is the
@@ -379,5 +380,5 @@ family.set_index("reading").round(4)
 # %% tags=["nbval-ignore-output"]
 print(f"this page ran in {time.perf_counter() - started:.0f} s ({time.process_time() - started_cpu:.0f} s of CPU in this "
       f"process), of which the conditions took {conditions_seconds:.0f} s ({conditions_cpu:.0f} s of CPU; captures "
-      f"{sum(capture_seconds.values()):.0f} s, 0 s for a cached condition or one cut from the run's capture: "
+      f"{sum(capture_seconds.values()):.0f} s, 0 s for a cached condition or one cut from another capture: "
       f"{[c for c, cap in captures.items() if cap.attrs.get('cut_from')] or 'none'})")

@@ -178,7 +178,8 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
                        seq_len: int = 1024, rope_factors=(0.5, 2.0, 4.0), window_lengths=(1024, 2048),
                        sinks=("bos", "mid_document", "mask_first"), mask_k: int = 4, offset: int | None = None,
                        samples_per_bucket: float = 8, heads: int | None = 300, progress: bool = False,
-                       reuse: xr.Dataset | None = None) -> tuple[dict[str, xr.Dataset], dict]:
+                       reuse: xr.Dataset | None = None, baseline_from_all_positions: bool = True
+                       ) -> tuple[dict[str, xr.Dataset], dict]:
     """Capture every condition of :func:`condition_grid` on the same documents (cached under ``RUN/conditions/``).
 
     ``capture`` is the run's capture settings, passed whole: the model (with
@@ -195,6 +196,10 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
     intervention whose window, buckets, samples, seed, model and corpus equal
     its settings is cut from it (the same heads, documents and positions a new
     capture would take; the tokens are checked) instead of a forward pass.
+
+    With ``baseline_from_all_positions`` the baseline is cut from the capture at every position (the null's
+    source, captured anyway) at the positions its seed samples (:func:`cut_at_seed`): the values a capture
+    of its own holds, one forward pass fewer.
     """
     from qkplast.capture.corpus import open_corpus_for
     from qkplast.capture.models import load_for, quiet_transformers
@@ -219,6 +224,10 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
         loaded, tokens = model["loaded"], model["tokens"]
         resolved = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")  # "auto" as loaded
         cut = _cut_from(reuse, spec, {**settings, "dtype": resolved}, tokens)
+        if cut is None and name == "baseline" and baseline_from_all_positions and "all_positions" in grid:
+            full = get("all_positions")
+            cut = cut_at_seed(full, seed, dict(full.attrs, samples_per_bucket=float(samples_per_bucket),
+                                                cut_from="all_positions", capture_seconds=0.0))
         if cut is not None:
             cut.attrs["condition"], cut.attrs["condition_settings"] = name, spec
             return validate_capture(cut)
@@ -229,13 +238,20 @@ def capture_conditions(run_dir: str | os.PathLike, capture: CaptureOptions | Non
         return validate_capture(cap)
 
     out, seconds = {}, {}
-    with quiet_transformers():  # weight-loading bars would make the notebook output machine-dependent
-        for name, spec in grid.items():
-            made = []
+
+    def get(name: str) -> xr.Dataset:
+        """The condition's capture: from ``out``, the cache, or made (and cached)."""
+        if name not in out:
+            made, spec = [], grid[name]
             key = {**settings, **spec, "max_len": max_len, "schema": SCHEMA_VERSION}
             out[name] = validate_capture(cached(folder, name, key, lambda: made.append(name) or make(name, spec)))
             seconds[name] = float(out[name].attrs.get("capture_seconds", 0.0)) if made else 0.0
-    return out, seconds
+        return out[name]
+
+    with quiet_transformers():  # weight-loading bars would make the notebook output machine-dependent
+        for name in grid:
+            get(name)
+    return {name: out[name] for name in grid}, {name: seconds[name] for name in grid}
 
 
 def _condition_capture(loaded, tokens: dict, spec: dict, base: CaptureOptions, samples_per_bucket: float,
@@ -313,22 +329,27 @@ def reseeded_captures(all_positions: xr.Dataset, baseline: xr.Dataset, seeds) ->
     ``s`` samples gives the capture with seed ``s``, heads and documents unchanged (the tests check the
     baseline's own seed gives the baseline).
     """
+    return [cut_at_seed(all_positions, int(s), dict(baseline.attrs, reseeded_from="all_positions")) for s in seeds]
+
+
+def cut_at_seed(all_positions: xr.Dataset, seed: int, attrs: dict) -> xr.Dataset:
+    """The capture that position seed ``seed`` takes, cut from the capture at every position.
+
+    ``attrs`` are the cut's attributes (its ``seq_len``, ``bucket_size`` and ``samples_per_bucket`` say
+    which positions a capture keeps; ``seed`` is set to ``seed``). See :func:`reseeded_captures`.
+    """
     from qkplast.capture.sampling import sample_positions
 
-    a = baseline.attrs
-    seq_len, bucket = int(a["seq_len"]), int(a["bucket_size"])
+    seq_len, bucket = int(attrs["seq_len"]), int(attrs["bucket_size"])
     pos, doc = all_positions.position.values, all_positions.doc.values
-    out = []
-    for s in seeds:
-        keep = np.zeros(all_positions.sizes["sample"], dtype=bool)
-        for d in np.unique(doc):
-            chosen = sample_positions(seq_len, bucket, doc_id=str(d), seed=int(s),
-                                      samples_per_bucket=float(a["samples_per_bucket"]), min_per_bucket=0)
-            keep |= (doc == d) & np.isin(pos, chosen)
-        cut = all_positions.isel(sample=np.flatnonzero(keep))
-        cut.attrs = dict(a, seed=int(s), reseeded_from="all_positions")
-        out.append(cut)
-    return out
+    keep = np.zeros(all_positions.sizes["sample"], dtype=bool)
+    for d in np.unique(doc):  # documents only: each has its own seeded positions
+        chosen = sample_positions(seq_len, bucket, doc_id=str(d), seed=seed,
+                                  samples_per_bucket=float(attrs["samples_per_bucket"]), min_per_bucket=0)
+        keep |= (doc == d) & np.isin(pos, chosen)
+    cut = all_positions.isel(sample=np.flatnonzero(keep))
+    cut.attrs = dict(attrs, seed=seed)
+    return cut
 
 
 def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | None = None, level: float = 0.95,
