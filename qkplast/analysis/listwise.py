@@ -722,9 +722,9 @@ def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str
     if len(x) < 3:
         raise ValueError(f"set size {set_size}: fewer than 3 heads with both pairwise and listwise values")
     rng = np.random.default_rng(seed)
-    rho = float(_spearman_rows(x[None], y[None])[0])
+    rx, ry = tied_ranks(x[None]), tied_ranks(y[None])  # [1, head] each, ranked once
+    rho = float(_rank_correlation(rx, ry)[0])
     perm = np.argsort(rng.random((n_perm, len(x))), axis=1)
-    rx, ry = tied_ranks(x[None]), tied_ranks(y[None])[0]  # the ranks of a permuted side are its ranks permuted
-    null = _rank_correlation(np.broadcast_to(rx, perm.shape), ry[perm])
+    null = _rank_correlation(np.broadcast_to(rx, perm.shape), ry[0][perm])  # a permuted side's ranks, permuted
     return {"set_size": set_size, "rho": rho, "p_perm": float((1 + np.sum(np.abs(null) >= abs(rho))) / (1 + n_perm)),
             "n_heads": int(len(x))}
