@@ -24,8 +24,8 @@ failing notebook; the check then executes the notebooks it did not reach, each a
 notebook's status and each failure's traceback, so that one call shows every failure.
 
 Prepare here (a machine with PyPI), once, the wheels the GPU machine lacks (cp312 manylinux x86_64, with the
-device README's exact ``pip download`` flags), a wheel of qkplast itself and the Debian package of the CPython
-documentation (chapter 10's training corpus, unpacked there with ``dpkg -x``)::
+device README's exact ``pip download`` flags) and a wheel of qkplast itself (it ships chapter 10's training corpus,
+the pinned snapshot ``data/corpora/python-docs.tar.xz``, so no Debian package is carried)::
 
     echo /.whl/ >> .git/info/exclude
     .venv/bin/python benchmarks/bench_gpu.py --prepare-wheels .whl
@@ -34,7 +34,7 @@ Then run it on the device (the ``run`` tool of this workplace; ``carry`` the whe
 
     run(carry=[".whl"], timeout_s=600, command=
         "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
-        ".whl/*.whl && export PYTHONPATH=/tmp/site || exit; for f in .whl/*.deb; do dpkg -x $f /; done; "
+        ".whl/*.whl && export PYTHONPATH=/tmp/site || exit; "
         "PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 benchmarks/bench_gpu.py "
         "2>&1 | tee $OUT/bench_gpu.log")
 
@@ -164,34 +164,13 @@ def prepare_wheels(target: Path) -> None:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(target),
                         f"{name}=={version}"], check=True)
-    for old in target.glob("qkplast-*.whl"):
+    # a python3*-doc .deb: chapter 10's corpus as carried before it was pinned (data/corpora, inside the wheel)
+    for old in [*target.glob("qkplast-*.whl"), *target.glob("python3*-doc_*.deb")]:
         old.unlink()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(target), str(ROOT)], check=True)
-    docs_package(target)
     size = sum(p.stat().st_size for p in target.glob("*.*")) / 2**20
-    print(f"{len(list(target.glob('*.whl')))} wheels and {len(list(target.glob('*.deb')))} Debian packages, "
-          f"{size:.1f} MiB in {target} (the device carries at most 64 MiB)")
-
-
-def docs_package(target: Path) -> None:
-    """Download (here, with apt) the Debian package of the CPython documentation that ``python3-doc`` depends on.
-
-    Chapter 10 trains the miniature on the corpus ``python-docs`` (those sources); the GPU image has no apt
-    registry, so the device command unpacks this ``.deb`` with ``dpkg -x`` (its files lie under /usr/share only).
-    """
-    import shutil
-
-    if shutil.which("apt-cache") is None:
-        print("no apt here: chapter 10's corpus (python3-doc) is not carried; the check's chapter 10 will say so")
-        return
-    depends = subprocess.run(["apt-cache", "depends", "python3-doc"], capture_output=True, text=True,
-                             check=True).stdout
-    names = [line.split(":", 1)[1].strip() for line in depends.splitlines()
-             if line.strip().startswith("Depends:") and line.strip().endswith("-doc")]
-    for old in target.glob("python3*-doc_*.deb"):
-        old.unlink()
-    subprocess.run(["apt-get", "download", *names], cwd=target, check=True, capture_output=True)
+    print(f"{len(list(target.glob('*.whl')))} wheels, {size:.1f} MiB in {target} (the device carries at most 64 MiB)")
 
 
 # --------------------------------------------------------------------------- the model and corpus stand-ins

@@ -204,14 +204,15 @@ near.dropna(how="all").round(3)
 # :label: def-apdrop-decomposition
 #
 # $$\begin{aligned}
-# \mathrm{AP}_{\mathrm{drop}}^{\mathrm{baseline}} &= \mathrm{Drop}(0, 0) && \text{neither drift nor changing content,}\\
-# \mathrm{AP}_{\mathrm{drop}}^{\mathrm{bias}} &= \mathrm{Drop}(1, 0) - \mathrm{Drop}(0, 0) && \text{the drifts alone, content held fixed,}\\
-# \mathrm{AP}_{\mathrm{drop}}^{\mathrm{content}} &= \mathrm{Drop}(0, 1) - \mathrm{Drop}(0, 0) && \text{the change of content statistics alone,}\\
-# \mathrm{AP}_{\mathrm{drop}}^{\mathrm{inter}} &= \mathrm{Drop}(1, 1) - \mathrm{Drop}(1, 0) - \mathrm{Drop}(0, 1) + \mathrm{Drop}(0, 0),
+# \mathrm{AP}_{\mathrm{drop}}^{\mathrm{baseline}} &= \mathrm{Drop}(0, 0),\\
+# \mathrm{AP}_{\mathrm{drop}}^{\mathrm{bias}} &= \mathrm{Drop}(1, 0) - \mathrm{Drop}(0, 0),\\
+# \mathrm{AP}_{\mathrm{drop}}^{\mathrm{content}} &= \mathrm{Drop}(0, 1) - \mathrm{Drop}(0, 0),\\
+# \mathrm{AP}_{\mathrm{drop}}^{\mathrm{inter}} &= \mathrm{Drop}(1, 1) - \mathrm{Drop}(1, 0) - \mathrm{Drop}(0, 1) + \mathrm{Drop}(0, 0):
 # \end{aligned}$$
 #
-# which add up to $\mathrm{AP}_{\mathrm{drop}}$ exactly (`ap_drop_baseline`, `ap_drop_bias`, `ap_drop_content`,
-# `ap_drop_interaction`).
+# neither drift nor changing content; the drifts alone, content held fixed; the change of content statistics alone;
+# and what the two add together. They add up to $\mathrm{AP}_{\mathrm{drop}}$ exactly (`ap_drop_baseline`,
+# `ap_drop_bias`, `ap_drop_content`, `ap_drop_interaction`).
 # ```
 #
 # The baseline is reported on its own: it is what the first and last regions differ by with no drift and

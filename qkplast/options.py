@@ -134,7 +134,7 @@ class AnalysisOptions:
         different quantities; neither is a correction of the other.
 
     Beyond the thesis (listwise plasticity, :mod:`qkplast.analysis.listwise`)
-    ----------------------------------------------------------------
+    -------------------------------------------------------------------------
     set_sizes : tuple of int
         Key-set sizes m of ``ap_set`` ((2, 8, 64, 0)); 0 is the whole
         eligible set of a document. m = 2 uses the pairwise estimator's pairs.

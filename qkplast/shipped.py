@@ -1,8 +1,9 @@
 """Files shipped with the package: where the notebooks and the thesis's reference tables are (the checkout's folders, or the wheel's copies).
 
-In a checkout (an editable install) the repository's ``notebooks/`` and ``data/thesis/`` are used as they
-are. A non-editable install (``pip install .``, a wheel) has no checkout beside the package: the build
-copies both folders into the package as ``qkplast/_shipped/`` (``setup.py``), and they are read from there.
+In a checkout (an editable install) the repository's ``notebooks/``, ``data/thesis/``, ``data/corpora/`` (the
+pinned corpus snapshots) and ``studies/`` are used as they are. A non-editable install (``pip install .``, a
+wheel) has no checkout beside the package: the build copies those folders into the package as
+``qkplast/_shipped/`` (``setup.py``), and they are read from there.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ SHIPPED = _PACKAGE / "_shipped"
 
 
 def resource_dir(relative: str) -> Path:
-    """``relative`` (``notebooks``, ``data/thesis``, ``data``, ``studies``) in the checkout when the package runs from one, else the
+    """``relative`` (``notebooks``, ``data/thesis``, ``data``, ``data/corpora``, ``studies``) in the checkout when the package runs from one, else the
     wheel's copy under :data:`SHIPPED`."""
     checkout = _CHECKOUT / relative
     if (_CHECKOUT / "pyproject.toml").is_file() and checkout.is_dir():

@@ -6,9 +6,9 @@
 #                                      notebooks run on the study's first run and their results chapters
 #                                      read every run (notebook parameter `study`)
 # The default run: SmolLM2-135M across its whole trained window, single documents of 8192 tokens from the
-# CPython documentation (Debian python3-doc), 16 buckets of 512 tokens, plus the same capture on the standard
-# library's code for notebook 09; one model load for both.
-# Steps: install (.venv, python3-doc) -> captures -> analyses -> papermill batch -> Jupyter Book HTML.
+# CPython documentation (corpus python-docs, the snapshot pinned in data/corpora), 16 buckets of 512 tokens, plus the
+# same capture on the standard library's code (stdlib-code, pinned likewise) for notebook 09; one model load for both.
+# Steps: install (.venv) -> captures -> analyses -> papermill batch -> Jupyter Book HTML.
 # The measured duration is in README.md ("The two commands"); a rerun reuses the install, the captures, the
 # analyses and the executed notebooks.
 # QKPLAST_VENV=/path/to/venv uses an existing environment (with qkplast importable) and skips the install.
@@ -28,15 +28,7 @@ else
   echo "[book] building the companion book of the default run; see README.md for the measured duration"
 fi
 step "1/4 install"
-source scripts/_debian.sh
-# the corpus (apt) installs beside the Python environment (pip): one waits on the network while the other unpacks
-apt_install python_docs_present python3-doc &
-apt_job=$!
 if [ -z "${QKPLAST_VENV:-}" ]; then bash scripts/setup.sh; else echo "[book] using $venv (no install)"; fi
-if ! wait "$apt_job"; then
-  echo "[book] error: the default corpus (Debian python3-doc) is not installed; see the message above" >&2
-  exit 2
-fi
 # OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another
 # process (a notebook kernel beside pytest) is busy on this 2-core machine.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE PYDEVD_DISABLE_FILE_VALIDATION=1

@@ -6,9 +6,9 @@
 #   bash scripts/test.sh tests/unit       the fast path: the unit tier only, no notebook
 #   bash scripts/test.sh ARGS...          pytest with exactly ARGS; nbval is on when notebooks(/...) is among them
 # First it installs what the tests need: the Python environment (scripts/setup.sh) and, when missing, Debian's
-# python3-doc (the default corpus), chromium + chromium-driver (the book in a browser) and slurm-wlm + munge (the
-# study on a SLURM cluster): as root with apt-get, otherwise it says which apt-get to run and goes on (the tests
-# that need a missing package then fail or skip naming it).
+# chromium + chromium-driver (the book in a browser) and slurm-wlm + munge (the study on a SLURM cluster): as root
+# with apt-get, otherwise it says which apt-get to run and goes on (the tests that need a missing package then fail
+# or skip naming it). The corpora are shipped snapshots (data/corpora): no Debian package is read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_debian.sh

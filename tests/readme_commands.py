@@ -20,7 +20,7 @@ def readme_commands(section: str = THESIS_SECTION, program: str = "qkplast run",
     """The ``program`` commands of a README section, as the arguments of ``qkplast`` (the subcommand first)."""
     text = readme.read_text()
     body = text[text.index(section) + len(section):]
-    body = body[:body.index("\n### ")] if "\n### " in body else body
+    body = re.split(r"\n#{1,3} ", body, maxsplit=1)[0]  # up to the next heading of any level
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", body, re.S):
         for line in block.replace("\\\n", " ").splitlines():

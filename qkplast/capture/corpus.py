@@ -8,15 +8,23 @@ provides corpora that work without network access:
     :mod:`pydoc_data.topics` (one document per topic, sorted by topic name).
 ``python-docs``
     Long natural prose: the reStructuredText sources of the CPython
-    documentation that Debian's ``python3-doc`` package ships under
-    ``/usr/share/doc/python3.X/html/_sources`` (about 500 documents, one per
-    page, the longest ~50K tokens), sorted by path; each document's id is its
-    path without ``.rst.txt`` (``library/os``). The default run's corpus.
+    documentation (about 500 documents, one per page, the longest ~50K
+    tokens), sorted by path; each document's id is its path without
+    ``.rst.txt`` (``library/os``). The default run's corpus. Pinned by content:
+    read from the snapshot the project ships (``data/corpora/python-docs.tar.xz``,
+    made from Debian's ``python3.11-doc`` 3.11.2-6+deb12u9 by
+    ``scripts/make_corpus_snapshot.py``), whose manifest records every
+    document's sha256; the content hash is checked on the first read in a
+    process. ``python-docs:installed`` reads the installed package instead
+    (Debian's ``python3-doc``, ``/usr/share/doc/python3.X/html/_sources``) and
+    warns in one line when its content differs from the snapshot's.
 ``stdlib-code``
     Code: the standard library's own ``.py`` sources, sorted by path relative to
     the standard library directory; ``site-packages`` and the regression-test
     packages (``test``, ``tests``, ``idle_test``) are left out, the latter because
-    they hold deliberately malformed source files.
+    they hold deliberately malformed source files. Pinned like ``python-docs``
+    (``data/corpora/stdlib-code.tar.xz``, made from CPython 3.11.7);
+    ``stdlib-code:installed`` reads the running interpreter's standard library.
 a path
     A ``.txt`` file (one document), a ``.jsonl`` file (one document per line,
     text in a configurable field, id from a configurable field when present), or
@@ -34,11 +42,18 @@ short documents).
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import io
 import itertools
 import json
+import lzma
+import subprocess
 import sys
 import sysconfig
+import tarfile
 import tokenize
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +61,11 @@ from pathlib import Path
 import numpy as np
 
 from qkplast.errors import QkplastError
+from qkplast.shipped import resource_dir
 
 __all__ = [
     "CorpusError",
+    "CorpusDriftWarning",
     "Document",
     "Corpus",
     "Window",
@@ -61,16 +78,34 @@ __all__ = [
     "describe_policy",
     "count_windows",
     "python_docs_root",
+    "PINNED_CORPORA",
+    "snapshot_dir",
+    "read_manifest",
+    "write_snapshot",
 ]
 
 NAMED_CORPORA = ("python-docs", "pydoc-topics", "stdlib-code")
 PYTHON_DOCS_GLOB = "/usr/share/doc/python3*/html/_sources"
 SHORT_DOC_POLICIES = ("concat", "skip")
 _STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+#: The corpora read from a shipped snapshot (pinned by content), each with the suffix its archive members carry
+#: after the document id (``library/os`` is ``library/os.rst.txt``, the file's name in the installed tree).
+PINNED_CORPORA = {"python-docs": ".rst.txt", "stdlib-code": ""}
+#: Appended to a pinned corpus's name, reads the installed files instead of the snapshot.
+INSTALLED = ":installed"
+#: Where the snapshots lie: the checkout's folder, or the wheel's copy (qkplast.shipped).
+SNAPSHOT_FOLDER = "data/corpora"
+SNAPSHOT_FORMAT = 1
+#: Every archive member's mtime (2000-01-01 UTC): a fixed value, so that regenerating a snapshot gives the same bytes.
+SNAPSHOT_MTIME = 946684800
 
 
 class CorpusError(QkplastError):
     """A corpus cannot be found, read or cut into windows."""
+
+
+class CorpusDriftWarning(UserWarning):
+    """An installed corpus (``NAME:installed``) differs from the snapshot the project pins."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +181,8 @@ def _pydoc_topics() -> Iterator[Document]:
 
 
 def python_docs_root(pattern: str = PYTHON_DOCS_GLOB) -> Path:
-    """The CPython documentation sources of Debian's python3-doc: the ``_sources`` directory with the most pages.
+    """The installed CPython documentation sources of Debian's python3-doc: the ``_sources`` directory with the
+    most pages (read by ``python-docs:installed`` and by the snapshot's maker; ``python-docs`` needs none).
 
     Debian links several ``python3*`` doc directories to one tree; the one
     matching the running interpreter's version wins a tie.
@@ -168,9 +204,9 @@ def python_docs_root(pattern: str = PYTHON_DOCS_GLOB) -> Path:
                 found[real] = (count, own in directory)
     if not found:
         raise CorpusError(
-            f"corpus 'python-docs' needs the CPython documentation sources of Debian's python3-doc package "
-            f"(looked for {pattern}/**/*.rst.txt): install it with 'apt-get install python3-doc', "
-            "or pick another corpus (--corpus pydoc-topics, a .txt/.jsonl path or hf:NAME)"
+            f"corpus 'python-docs{INSTALLED}' needs the CPython documentation sources of Debian's python3-doc "
+            f"package (looked for {pattern}/**/*.rst.txt): install it with 'apt-get install python3-doc', "
+            "or read the pinned snapshot the project ships (--corpus python-docs)"
         )
     return max(found, key=lambda d: (found[d][0], found[d][1], str(d)))
 
@@ -205,6 +241,229 @@ def _stdlib_code() -> Iterator[Document]:
     root = _stdlib_root()
     for path in _stdlib_files():
         yield Document(path.relative_to(root).as_posix(), _read_source(path))
+
+
+# --------------------------------------------------------------------------- pinned snapshots of the named corpora
+
+
+def snapshot_dir() -> Path:
+    """The folder of the pinned corpus snapshots: ``data/corpora`` of the checkout, or the wheel's copy."""
+    return resource_dir(SNAPSHOT_FOLDER)
+
+
+def _document_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _content_sha256(listing: Iterable[tuple[str, str]]) -> str:
+    """sha256 of the lines ``<document sha256>  <id>`` in corpus order (``sha256sum``'s listing format), the
+    document's sha256 taken of its UTF-8 text."""
+    digest = hashlib.sha256()
+    for doc_id, sha in listing:
+        digest.update(f"{sha}  {doc_id}\n".encode())
+    return digest.hexdigest()
+
+
+def _fix_hint(name: str) -> str:
+    return (f"restore {SNAPSHOT_FOLDER}/{name}.tar.xz and {name}.json from the repository (git checkout -- "
+            f"{SNAPSHOT_FOLDER}) or reinstall qkplast; a deliberate new snapshot is made with "
+            f"'python scripts/make_corpus_snapshot.py {name}'")
+
+
+def read_manifest(name: str, directory: Path | None = None) -> dict:
+    """The manifest of the pinned corpus ``name``: its source, every document's id and sha256, the content hash.
+
+    Raises
+    ------
+    CorpusError
+        If the manifest or its archive is missing or unreadable (one line naming the file and the fix).
+    """
+    directory = snapshot_dir() if directory is None else Path(directory)
+    path = directory / f"{name}.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CorpusError(f"corpus {name!r}: cannot read its snapshot manifest {path} ({exc.__class__.__name__}); "
+                          + _fix_hint(name)) from exc
+    if manifest.get("format") != SNAPSHOT_FORMAT or manifest.get("corpus") != name:
+        raise CorpusError(f"corpus {name!r}: {path} is not a format-{SNAPSHOT_FORMAT} manifest of {name!r}; "
+                          + _fix_hint(name))
+    if not (directory / manifest["archive"]).is_file():
+        raise CorpusError(f"corpus {name!r}: the snapshot {directory / manifest['archive']} is missing; "
+                          + _fix_hint(name))
+    return manifest
+
+
+def _snapshot_documents(name: str, directory: Path, manifest: dict) -> Iterator[Document]:
+    archive = directory / manifest["archive"]
+    stat = archive.stat()
+    return iter(_verified_snapshot(name, archive, stat.st_mtime_ns, stat.st_size, manifest["content_sha256"],
+                                   tuple(tuple(pair) for pair in manifest["documents"])))
+
+
+@functools.lru_cache(maxsize=4)
+def _verified_snapshot(name: str, archive: Path, mtime_ns: int, size: int, content_sha256: str,
+                       listing: tuple[tuple[str, str], ...]) -> tuple[Document, ...]:
+    """The documents of ``archive``, read once per process (per version of the file) and checked against the
+    manifest: the ids in order, each document's sha256, and the content hash of the whole."""
+    suffix = PINNED_CORPORA[name]
+    damaged = f"corpus {name!r}: the snapshot {archive}"
+    try:
+        with tarfile.open(fileobj=io.BytesIO(lzma.decompress(archive.read_bytes())), mode="r:") as tar:
+            members = [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+    except (OSError, lzma.LZMAError, tarfile.TarError, EOFError) as exc:
+        raise CorpusError(f"{damaged} cannot be read ({exc}); " + _fix_hint(name)) from exc
+    if _content_sha256(listing) != content_sha256:
+        raise CorpusError(f"corpus {name!r}: the manifest {archive.parent / (name + '.json')}'s document list does "
+                          "not give its content_sha256; " + _fix_hint(name))
+    if len(members) != len(listing):
+        raise CorpusError(f"{damaged} holds {len(members)} documents, its manifest {len(listing)}; " + _fix_hint(name))
+    documents = []
+    for (member, data), (doc_id, sha) in zip(members, listing):
+        if member != doc_id + suffix or hashlib.sha256(data).hexdigest() != sha:
+            raise CorpusError(f"{damaged} does not match its manifest's content hash {content_sha256[:12]} at "
+                              f"{member!r} (expected {doc_id + suffix!r}, sha256 {sha[:12]}); " + _fix_hint(name))
+        documents.append(Document(doc_id, data.decode("utf-8")))
+    return tuple(documents)
+
+
+def _snapshot_archive(documents: Iterable[Document], suffix: str) -> bytes:
+    """The xz-compressed :func:`_snapshot_tar` of ``documents`` (the strongest preset: it is made once, read often)."""
+    return lzma.compress(_snapshot_tar(documents, suffix), format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64,
+                         preset=9 | lzma.PRESET_EXTREME)
+
+
+def _snapshot_tar(documents: Iterable[Document], suffix: str) -> bytes:
+    """The tar of ``documents`` in the given order, byte-for-byte reproducible: each member holds the UTF-8 text
+    under the id plus ``suffix``, with a fixed mtime, owner and mode, and there are no directory entries."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for doc in documents:
+            data = doc.text.encode("utf-8")
+            info = tarfile.TarInfo(doc.id + suffix)
+            info.size, info.mtime, info.mode = len(data), SNAPSHOT_MTIME, 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def write_snapshot(name: str, directory: Path) -> dict:
+    """Pin the installed corpus ``name``: write ``<name>.tar.xz`` and its manifest ``<name>.json`` into ``directory``.
+
+    The documents are those ``open_corpus(name + ":installed")`` yields, in that order and with that text; running
+    it again on the same installed files writes the same bytes (``scripts/make_corpus_snapshot.py --check``).
+
+    Parameters
+    ----------
+    name : {"python-docs", "stdlib-code"}
+    directory : pathlib.Path
+        Created when missing; ``data/corpora`` for the snapshots the project ships.
+
+    Returns
+    -------
+    dict
+        The manifest: the source's version and path, every document's id and sha256, the content hash.
+    """
+    if name not in PINNED_CORPORA:
+        raise CorpusError(f"no snapshot is made of {name!r}; pinned corpora: {', '.join(PINNED_CORPORA)}")
+    factory, source = _installed(name)
+    documents = list(factory())
+    listing = [(doc.id, _document_sha256(doc.text)) for doc in documents]
+    archive = f"{name}.tar.xz"
+    manifest = {
+        "format": SNAPSHOT_FORMAT,
+        "corpus": name,
+        "archive": archive,
+        "made_from": source["version"],
+        "source": source,
+        "license": "PSF License Agreement for Python (the text: document 'license' of the python-docs snapshot)",
+        "text": "each member holds one document's text, UTF-8, exactly as open_corpus yields it (the installed file "
+                "decoded as the reader decodes it, newlines translated); members in corpus order, named by the id "
+                f"plus {PINNED_CORPORA[name]!r}",
+        "content_hash": "sha256 of the lines '<document sha256>  <id>\\n' in corpus order",
+        "content_sha256": _content_sha256(listing),
+        "n_documents": len(documents),
+        "text_bytes": sum(len(doc.text.encode("utf-8")) for doc in documents),
+        "documents": [list(pair) for pair in listing],
+    }
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / archive).write_bytes(_snapshot_archive(documents, PINNED_CORPORA[name]))
+    (directory / f"{name}.json").write_text(_manifest_text(manifest), encoding="utf-8")
+    return manifest
+
+
+def _manifest_text(manifest: dict) -> str:
+    """The manifest as JSON, one ``["id", "sha256"]`` pair per line (so that a diff of two snapshots reads)."""
+    head = json.dumps({k: v for k, v in manifest.items() if k != "documents"}, indent=1)
+    pairs = ",\n".join("  " + json.dumps(pair) for pair in manifest["documents"])
+    return head[:-2] + ',\n "documents": [\n' + pairs + "\n ]\n}\n"
+
+
+def _debian_package(path: Path) -> str:
+    """``package version`` of the Debian package that installed ``path`` (``unknown package`` off Debian)."""
+    try:
+        owner = subprocess.run(["dpkg-query", "-S", str(path)], capture_output=True, text=True, timeout=60)
+        if owner.returncode == 0:
+            package = owner.stdout.split(":", 1)[0].split(",")[0].strip()
+            version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True,
+                                     text=True, timeout=60)
+            if version.returncode == 0 and version.stdout.strip():
+                return f"{package} {version.stdout.strip()}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown package"
+
+
+def _installed(name: str):
+    """``(factory of the installed documents, description of their source)`` of the pinned corpus ``name``."""
+    if name == "python-docs":
+        root = python_docs_root()
+        source = {"version": _debian_package(root), "path": str(root),
+                  "reader": "the .rst.txt files under the path, sorted by relative path"}
+        return (lambda: _python_docs(root)), source
+    python = f"{sys.implementation.name} {sys.version.split()[0]}".replace("cpython", "CPython")
+    excluded = sorted(_STDLIB_EXCLUDED_DIRS)
+    source = {"version": python, "path": str(_stdlib_root()),
+              "reader": f"the .py files under the path, sorted by relative path, except in {excluded}"}
+    return _stdlib_code, source
+
+
+def _open_pinned(name: str) -> Corpus:
+    directory = snapshot_dir()
+    manifest = read_manifest(name, directory)
+    details = {"kind": "named", "name": name, "source": "snapshot", "snapshot": manifest["archive"],
+               "made_from": manifest["made_from"], "documents": manifest["n_documents"],
+               "content_sha256": manifest["content_sha256"]}
+    return Corpus(name, details, lambda: _snapshot_documents(name, directory, manifest))
+
+
+def _open_installed(spec: str, name: str) -> Corpus:
+    """The installed files of a pinned corpus, hashed once here so that a difference from the snapshot is said."""
+    factory, source = _installed(name)
+    listing = [(doc.id, _document_sha256(doc.text)) for doc in factory()]
+    content = _content_sha256(listing)
+    details = {"kind": "named", "name": name, "source": "installed", "path": source["path"],
+               "made_from": source["version"], "documents": len(listing), "content_sha256": content}
+    try:
+        pinned = read_manifest(name)
+    except CorpusError:
+        pinned = None
+    details["matches_snapshot"] = pinned is not None and pinned["content_sha256"] == content
+    if pinned is not None and not details["matches_snapshot"]:
+        warnings.warn(_drift(spec, source, listing, pinned), CorpusDriftWarning, stacklevel=3)
+    return Corpus(spec, details, factory)
+
+
+def _drift(spec: str, source: dict, listing: list[tuple[str, str]], pinned: dict) -> str:
+    """One line: the installed and the pinned versions, and which documents differ."""
+    ours, theirs = dict(listing), dict(map(tuple, pinned["documents"]))
+    differ = sorted(i for i in ours.keys() | theirs.keys() if ours.get(i) != theirs.get(i))
+    shown = ", ".join(differ[:4]) + (", ..." if len(differ) > 4 else "")
+    return (f"corpus {spec!r} reads {source['version']} ({source['path']}), whose content differs from the pinned "
+            f"snapshot's ({pinned['made_from']}) in {len(differ)} of {len(theirs)} documents ({shown}); results "
+            f"will not match the book's: drop '{INSTALLED}' to read the snapshot")
 
 
 def _jsonl_documents(path: Path, text_field: str, id_field: str, id_prefix: str) -> Iterator[Document]:
@@ -275,8 +534,11 @@ def open_corpus(spec: str, *, text_field: str = "text", id_field: str = "id") ->
     Parameters
     ----------
     spec : str
-        ``python-docs``, ``pydoc-topics``, ``stdlib-code``, a path to a ``.txt`` / ``.jsonl`` file
-        or a directory of them, or ``hf:<name>[:<split>]``.
+        ``python-docs``, ``pydoc-topics``, ``stdlib-code``, ``python-docs:installed``,
+        ``stdlib-code:installed``, a path to a ``.txt`` / ``.jsonl`` file or a directory of them, or
+        ``hf:<name>[:<split>]``. ``python-docs`` and ``stdlib-code`` read the shipped snapshot, checked
+        against its manifest's content hash on the first read; ``:installed`` reads the installed files
+        and warns (:class:`CorpusDriftWarning`, one line naming both versions) when they differ from it.
     text_field, id_field : str
         Fields of ``.jsonl`` records and dataset rows holding the text and the
         document id. Rows without an id get ``<source>:<line or row>``.
@@ -289,25 +551,15 @@ def open_corpus(spec: str, *, text_field: str = "text", id_field: str = "id") ->
     Raises
     ------
     CorpusError
-        If ``spec`` names nothing that exists.
+        If ``spec`` names nothing that exists, or (when read) a snapshot that does not match its manifest.
     """
-    if spec == "python-docs":
-        root = python_docs_root()
-        details = {"kind": "named", "name": spec, "source": str(root), "package": "Debian python3-doc",
-                   "documents": sum(1 for _ in root.rglob("*.rst.txt"))}
-        return Corpus(spec, details, lambda: _python_docs(root))
+    if spec in PINNED_CORPORA:
+        return _open_pinned(spec)
+    if spec.endswith(INSTALLED) and spec.removesuffix(INSTALLED) in PINNED_CORPORA:
+        return _open_installed(spec, spec.removesuffix(INSTALLED))
     if spec == "pydoc-topics":
         details = {"kind": "named", "name": spec, "source": "pydoc_data.topics", "python": sys.version.split()[0]}
         return Corpus(spec, details, _pydoc_topics)
-    if spec == "stdlib-code":
-        details = {
-            "kind": "named",
-            "name": spec,
-            "source": str(_stdlib_root()),
-            "python": sys.version.split()[0],
-            "excluded_dirs": sorted(_STDLIB_EXCLUDED_DIRS),
-        }
-        return Corpus(spec, details, _stdlib_code)
     if spec.startswith("hf:"):
         name, _, split = spec[3:].partition(":")
         if not name:
@@ -318,8 +570,8 @@ def open_corpus(spec: str, *, text_field: str = "text", id_field: str = "id") ->
     path = Path(spec)
     if not path.exists():
         raise CorpusError(
-            f"unknown corpus {spec!r}: not a named corpus ({', '.join(NAMED_CORPORA)}), not hf:<name>, "
-            "and no such file or directory"
+            f"unknown corpus {spec!r}: not a named corpus ({', '.join(NAMED_CORPORA)}, or "
+            f"{' / '.join(n + INSTALLED for n in PINNED_CORPORA)}), not hf:<name>, and no such file or directory"
         )
     if path.is_file() and path.suffix not in (".txt", ".jsonl"):
         raise CorpusError(f"corpus file {spec!r} must end in .txt or .jsonl")
@@ -502,8 +754,8 @@ def _fill_hint(spec: str, tokenizer, options, wanted: int) -> str:
                f"than {options.seq_len}")
     try:
         docs = open_corpus("python-docs")
-    except CorpusError:
-        return generic + " (the long-document corpus python-docs needs 'apt-get install python3-doc')"
+    except CorpusError as exc:
+        return generic + f" (the long-document corpus python-docs cannot be read here: {exc})"
     for policy in ("skip", "concat"):
         if spec == "python-docs" and policy == options.short_docs:
             continue

@@ -37,6 +37,7 @@ from qkplast.capture.hooks import text_decoder
 from qkplast.io import CaptureError, save_capture
 from qkplast.capture.architecture import SUPPORTED_FAMILIES, LayerInfo, ArchitectureSpec, inspect_model
 from qkplast.options import CaptureOptions
+from qkplast.progress import progress_bar
 from qkplast._version import package_versions
 from qkplast.capture.resume import PartStore, check_output, output_lock
 from qkplast.capture.recorder import Capturer
@@ -92,8 +93,9 @@ def capture(
     overwrite : bool
         Replace an existing ``out`` and discard parts made with other options.
     progress : bool or "lines"
-        Show tqdm bars (overall with ETA, and per document over layers); ``"lines"``: one plain line per
-        window (:class:`ProgressLines`), for log files.
+        Show progress (:func:`qkplast.progress.progress_bar`): on a terminal tqdm bars (overall with ETA, and
+        per document over layers), elsewhere (a notebook, a log file) one summary line at the end; ``"lines"``:
+        one plain line per window (:class:`ProgressLines`), for log files.
     model_info : dict, optional
         Provenance of the model (:attr:`qkplast.capture.models.LoadedModel.info`): name, revision, commit.
 
@@ -216,9 +218,8 @@ def _duration(seconds: float) -> str:
 
 
 def _bar(total, unit: str, desc: str, progress: bool, **kwargs):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit=unit, desc=desc, disable=not progress, **kwargs)
+    # a tqdm bar on a terminal; in a notebook or a log file one summary line (the nested per-window bars none)
+    return progress_bar(total=total, unit=unit, desc=desc, enabled=progress, **kwargs)
 
 
 def _model_info(model, model_info: dict | None) -> dict:

@@ -362,7 +362,7 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
     documents each pair, left out of both captures, both re-analysed whole) and its two-sided t p-value. The capture at every position is left out (it is
     the null's source, not a condition).
     """
-    from tqdm.auto import tqdm
+    from qkplast.progress import progress_bar
 
     from qkplast.analysis.decompose import model_level_terms
     from qkplast.stats.intervals import needs_leave_two_out, policy_interval
@@ -381,7 +381,7 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
     values = lambda cap, pairs=None: np.array(list(model_level_terms(cap, opt, pairs=pairs).values()))  # noqa: E731
     two = needs_leave_two_out(len(doc_ids))
     est, jack, jack2 = {}, {}, {}
-    for name, cap in tqdm(captures.items(), desc="conditions", disable=not progress):
+    for name, cap in progress_bar(captures.items(), desc="conditions", enabled=progress):
         est[name] = values(cap)
         jack[name] = document_jackknife(cap, values, pairs_of=opt)  # [doc, quantity], each keeping its share of pairs
         jack2[name] = document_jackknife2(cap, values, pairs_of=opt) if two else None  # [doc pair, quantity]
@@ -409,7 +409,7 @@ def reseed_null(all_positions: xr.Dataset, baseline: xr.Dataset, n: int, options
 
     Seeds ``baseline seed + 1 .. + n`` (:func:`reseeded_captures`); one row per seed, one column per quantity.
     """
-    from tqdm.auto import tqdm
+    from qkplast.progress import progress_bar
 
     from qkplast.analysis.decompose import model_level_terms
 
@@ -417,7 +417,7 @@ def reseed_null(all_positions: xr.Dataset, baseline: xr.Dataset, n: int, options
     base = np.array(list(model_level_terms(baseline, opt).values()))
     seeds = int(baseline.attrs["seed"]) + 1 + np.arange(n)
     rows = [np.array(list(model_level_terms(cap, opt).values())) - base
-            for cap in tqdm(reseeded_captures(all_positions, baseline, seeds), total=n, desc="reseeded", disable=not progress)]
+            for cap in progress_bar(reseeded_captures(all_positions, baseline, seeds), total=n, desc="reseeded", enabled=progress)]
     return pd.DataFrame(rows, columns=list(QUANTITIES), index=pd.Index(seeds, name="seed"))
 
 

@@ -153,14 +153,14 @@ def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesi
     rank p-value's floor, ``1 / (1 + n_null)``, does not depend on the windows); the targeted sets are compared
     with them on those windows (:func:`null_position`). None: every window.
     """
-    from tqdm.auto import tqdm
+    from qkplast.progress import progress_bar
 
     if null_windows is not None and not 2 <= int(null_windows) <= len(windows):
         raise InterventionError(f"null_windows must be between 2 and the {len(windows)} behaviour windows (an interval "
                                 f"over windows needs two), got {null_windows}")
     conds = interventions(metrics, ks, n_null, seed, null_windows)
     parts = []
-    for cond in tqdm(conds, desc="conditions", disable=not progress):
+    for cond in progress_bar(conds, desc="conditions", enabled=progress):
         with cond.context(model, metrics, calibrated):
             parts.append(copy_cells(model, tokenizer, windows, design, seed, sequences=cond.sequences,
                                     n_windows=cond.windows, batch_size=batch_size))

@@ -43,15 +43,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     from qkplast.capture.corpus import open_corpus
     from qkplast.train.run import train
 
+    from qkplast.train.config import corpus_parts
+
     config, out = train_config(args)
-    open_corpus(config.corpus)  # a missing corpus is a one-line error before anything is written
+    for part in corpus_parts(config.corpus):
+        open_corpus(part)  # a missing corpus is a one-line error before anything is written
     training = train(config, Path(out), progress=not args.no_progress)
     for run in training["runs"]:
         print(f"seed {run['seed']} {run['arm']:<15} theta {run['rope_theta']:>8g}  final loss "
-              f"{run['steps'][-1]['loss']:.3f}  ({len(run['branches'])} checkpoints)")
-    print(f"trained {len(training['runs'])} runs into {out} (checkpoints: HF_HOME={Path(out) / 'hf'}, branches of "
-          f"qkplast/miniature-seed{{S}})")
+              f"{run['steps'][-1]['loss']:.3f}  ({len(run['branches'])} checkpoints)  {_speed(run)}")
+    where = training.get("device", "cpu") + (f" ({training['gpu']})" if training.get("gpu") else "")
+    print(f"trained {len(training['runs'])} runs on {where} into {out} (checkpoints: HF_HOME={Path(out) / 'hf'}, "
+          f"branches of qkplast/miniature-seed{{S}})")
     return 0
+
+
+def _speed(run: dict) -> str:
+    """``12.3k tok/s, 41.0 s`` of a run's record (a record made before they were recorded: ``-``)."""
+    rate, wall = run.get("tokens_per_s"), run.get("wall_s")
+    if not rate:
+        return "- tok/s"
+    return f"{rate / 1e3:.1f}k tok/s, {wall:.1f} s"
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:

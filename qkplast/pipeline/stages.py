@@ -27,6 +27,7 @@ from qkplast.errors import QkplastError
 from qkplast.io import open_capture, open_dataset
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.pipeline.params import declared_parameters, notebook_paths
+from qkplast.progress import is_terminal
 from qkplast.rundir.directory import (CODE_DIR, STAGES, RunError, check_same_capture, checkpoint_dir,
                                       checkpoint_options, checkpoint_slug, clear_leftover_parts, ensure_capture,
                                       load_or_analyze, load_or_bootstrap,
@@ -192,6 +193,26 @@ def _source_digest(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest()[:16]
 
 
+def _kernel_config():
+    """The traitlets config of the kernels that execute the notebooks: CurveZMQ-encrypted transport.
+
+    ipykernel (7.x) warns "Kernel is running over TCP without encryption" on the log of every notebook it runs
+    when its kernel manager provisions no keys. ``transport_encryption = "auto"`` has jupyter_client generate a
+    CurveZMQ key pair per kernel whenever the kernelspec declares support (ipykernel's does), so the
+    connection is encrypted and the warning is not printed. TCP is kept (rather than the IPC transport, which
+    would also silence it): IPC's socket files land in the working directory papermill moves to, where two
+    kernels started at once (``--jobs 2``) could race for the same names. A pyzmq built without CurveZMQ
+    keeps the default (unencrypted, with the warning).
+    """
+    import zmq
+    from traitlets.config import Config
+
+    config = Config()
+    if zmq.has("curve"):
+        config.KernelManager.transport_encryption = "auto"
+    return config
+
+
 def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: bool, label: str | None) -> dict:
     """Execute one notebook with papermill; its manifest entry (status, seconds or the failing cell)."""
     import papermill as pm
@@ -200,8 +221,10 @@ def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: b
         print(label, file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
+        # papermill's bar over cells only on a terminal: in a log file its redraws would be one line each
         pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(path.parent),
-                            progress_bar=progress_bar, kernel_name="python3")
+                            progress_bar=progress_bar and is_terminal(), kernel_name="python3",
+                            config=_kernel_config())
     except pm.PapermillExecutionError as exc:
         return {"name": path.name, "status": "failed", "cell": exc.exec_count, "error": f"{exc.ename}: {exc.evalue}"}
     seconds = round(time.perf_counter() - t0, 2)

@@ -51,7 +51,7 @@ def sampling_coverage(capture: xr.Dataset):
 
 
 def pc_correlations(metrics: xr.Dataset, n_pc: int = 10):
-    """Mean |r_q|, |r_k| with position and explained variance per principal component (cf. Fig. 6.1)."""
+    """Mean ``|r_q|``, ``|r_k|`` with position and explained variance per principal component (cf. Fig. 6.1)."""
     m = metrics.isel(pc=slice(0, n_pc))
     fig, (ax,) = _fig()
     x = np.arange(m.sizes["pc"])
@@ -68,7 +68,7 @@ def pc_correlations(metrics: xr.Dataset, n_pc: int = 10):
 
 
 def taxonomy_scatter(metrics: xr.Dataset, low: float = 0.3, high: float = 0.7):
-    """Heads in (|r_q^(0)|, |r_k^(0)|) space with the taxonomy thresholds (cf. Fig. A.1)."""
+    """Heads in (``|r_q^(0)|``, ``|r_k^(0)|``) space with the taxonomy thresholds (cf. Fig. A.1)."""
     fig, (ax,) = _fig(width=5.2, height=5.0)
     rq, rk = abs(metrics.r_q_pc[:, 0]), abs(metrics.r_k_pc[:, 0])
     for name, color in zip(TAXONOMY, ("tab:purple", "tab:blue", "tab:green", "0.6")):
@@ -83,7 +83,7 @@ def taxonomy_scatter(metrics: xr.Dataset, low: float = 0.3, high: float = 0.7):
 
 
 def axis_reversal(metrics: xr.Dataset):
-    """Mean |r_q| and |r_k| on PC0 and on the drift axis a: the Q/K order reverses (cf. Figs. 6.1-6.2)."""
+    """Mean ``|r_q|`` and ``|r_k|`` on PC0 and on the drift axis a: the Q/K order reverses (cf. Figs. 6.1-6.2)."""
     fig, (ax,) = _fig(width=5.0)
     vals = [abs(metrics.r_q_pc[:, 0]).mean(), abs(metrics.r_k_pc[:, 0]).mean(), abs(metrics.r_q_a).mean(),
             abs(metrics.r_k_a).mean()]

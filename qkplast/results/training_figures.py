@@ -11,7 +11,7 @@ import pandas as pd
 from qkplast.stats.intervals import t_interval
 from qkplast.train.evaluate import position_bins
 
-__all__ = ["ARM_STYLE", "loss_by_position", "loss_curves", "seed_means", "thesis_stage_shares", "trajectory_beside_thesis"]
+__all__ = ["ARM_STYLE", "at_window", "loss_by_position", "loss_curves", "seed_means", "thesis_stage_shares", "trajectory_beside_thesis"]
 
 #: Colour and label of each run of the miniature.
 ARM_STYLE = {"stageA": ("black", "stage A"), "rescaled": ("tab:red", "rescaled (base x10, window x4)"),
@@ -35,20 +35,21 @@ def _smooth(values: np.ndarray, width: int) -> np.ndarray:
 def loss_curves(training: dict, config, entropies: dict, smooth: int = 10):
     """Training loss (mean over seeds, running mean over ``smooth`` steps) against the unigram and bigram entropies.
 
-    The extension arms continue the stage-A axis: their step ``n`` is plotted at ``steps + n``.
+    The extension arms continue the stage-A axis from the checkpoint they start from: their step ``n`` is plotted
+    at ``ext_start + n`` (the end of stage A, or the start of its decay when the arms branch before it).
     """
     fig, ((ax,),) = _fig(width=7.2)
     for arm in ("stageA", *config.arms):
         runs = [r for r in training["runs"] if r["arm"] == arm]
-        steps = np.array([s["step"] for s in runs[0]["steps"]]) + (0 if arm == "stageA" else config.steps)
+        steps = np.array([s["step"] for s in runs[0]["steps"]]) + (0 if arm == "stageA" else config.ext_start)
         loss = np.mean([[s["loss"] for s in r["steps"]] for r in runs], 0)  # [step], mean over seeds
         color, label = ARM_STYLE[arm]
         ax.plot(steps[smooth - 1:] if len(steps) >= smooth else steps[-1:], _smooth(loss, smooth), color=color,
                 label=label)
     for name, style in (("unigram", ":"), ("bigram", "--")):
         ax.axhline(entropies[name], color="grey", ls=style, label=f"{name} entropy (held out)")
-    ax.axvline(config.steps, color="grey", lw=0.5)
-    ax.set(xlabel="optimiser step (extension arms after stage A)", ylabel="training loss (nats / token)",
+    ax.axvline(config.ext_start, color="grey", lw=0.5)
+    ax.set(xlabel="optimiser step (extension arms from their branch of stage A)", ylabel="training loss (nats / token)",
            title=f"loss, mean over {config.seeds} seeds (running mean of {smooth} steps)")
     ax.legend(fontsize=8)
     return fig
@@ -64,13 +65,23 @@ def seed_means(table: pd.DataFrame, column: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def at_window(table: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Rows measured at ``kind``: ``"own"`` (the window the checkpoint was trained at), ``"ext"`` (the extension
+    window) or a window kind of the table itself (``"L"``, ``"4L"``)."""
+    if kind == "own":
+        return table[table.window == table.train_window]
+    if kind == "ext":
+        return table[table.window == table.window.max()]
+    return table[table.window_kind == kind]
+
+
 def loss_by_position(table: pd.DataFrame, config):
     """Held-out loss by position at the final checkpoint of each run (mean over seeds): falling along the window
     means the model uses its context; the stage-A model read past its window shows what the extension repairs."""
     fig, ((ax,),) = _fig(width=7.2)
     finals = [("stageA", "own", "-"), ("stageA", "ext", ":")] + [(arm, "own", "-") for arm in config.arms]
     for arm, kind, style in finals:
-        sub = table[(table.arm == arm) & (table.window_kind == kind)]
+        sub = at_window(table[table.arm == arm], kind)
         sub = sub[sub.step == sub.step.max()]
         profile = np.mean(np.stack(sub.loss_by_position.values), 0)  # [bin], bins of position_bins(window)
         window = int(sub.window.iloc[0])
@@ -108,8 +119,9 @@ def trajectory_beside_thesis(table: pd.DataFrame, thesis: pd.DataFrame, config):
     the log axis.
     """
     fig, axes = _fig(3, 2, width=5.0, height=3.0)
-    end = table[(table.arm == "stageA") & (table.window_kind == "own") & (table.fraction == 1.0)].set_index("seed")
-    relative = table.assign(abs_bias_strength=table.abs_bias_strength / table.seed.map(end.abs_bias_strength))
+    own = at_window(table, "own").assign(window_kind="own")
+    end = own[(own.arm == "stageA") & (own.fraction == 1.0)].set_index("seed")
+    relative = own.assign(abs_bias_strength=own.abs_bias_strength / own.seed.map(end.abs_bias_strength))
     shares = thesis_stage_shares(thesis)
     thesis = thesis.assign(share=shares, bias_rel=thesis.bias_strength / thesis.bias_strength[shares.index[
         ~thesis.checkpoint.str.startswith("lc")]].iloc[-1])

@@ -43,10 +43,10 @@ import numpy as np
 import torch
 import xarray as xr
 from scipy import stats
-from tqdm.auto import tqdm
 
 from qkplast._torch import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
+from qkplast.progress import progress_bar
 from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import closed_form_ap, summarize_profile
 from qkplast.stats.intervals import jackknife_t, leave_two_out, needs_leave_two_out, policy_interval
@@ -198,7 +198,7 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         jack2 = both[n_docs:] if want_two else jack2
     else:
         reps = np.array([list(model_level(resample_documents(capture, rng), opt).values())
-                         for _ in tqdm(range(n_boot), desc="bootstrap", disable=not progress)])
+                         for _ in progress_bar(range(n_boot), desc="bootstrap", enabled=progress)])
         without = lambda w: list(model_level(capture.isel(sample=np.flatnonzero(np.isin(  # noqa: E731
             capture.doc.values, docs[w > 0]))), opt).values())
         jack = np.array([without(w) for w in jack_w])

@@ -43,6 +43,8 @@ def null_verdict(observed: float, null, alternative: str = "greater", alpha: flo
 
 #: The verdict words, in the order a conjunction ranks them.
 WORDS = ("supported", "contradicted", "no effect", "left open")
+#: The word of a reading whose model failed a gate (distinct from "left open": nothing was there to decide).
+NOT_TESTABLE = "not testable"
 CLAIMS = ("greater", "less", "differs", "equivalent")
 
 
@@ -131,17 +133,22 @@ def verdict(estimate: float, lo: float, hi: float, p: float | None = None, *, cl
 def conjunction(words) -> str:
     """The verdict on a claim made of several parts: supported only when every part is.
 
-    A contradicted part contradicts the whole; all parts "no effect" is "no effect"; otherwise the claim
-    is left open.
+    A contradicted part contradicts the whole; otherwise a part that is not testable (its model failed a gate:
+    ``"not testable (gate: a, b)"``, :func:`qkplast.train.gates.not_testable`) makes the whole not testable, naming
+    every failed gate once; all parts "no effect" is "no effect"; otherwise the claim is left open.
     """
     words = list(words)
-    unknown = sorted(set(words) - set(WORDS))
+    untestable = [w for w in words if w.startswith(NOT_TESTABLE)]
+    unknown = sorted(set(words) - set(WORDS) - set(untestable))
     if unknown or not words:
-        raise ValueError(f"conjunction needs verdict words from {WORDS}, got {words}")
+        raise ValueError(f"conjunction needs verdict words from {WORDS} or {NOT_TESTABLE!r}, got {words}")
     if all(w == "supported" for w in words):
         return "supported"
     if "contradicted" in words:
         return "contradicted"
+    if untestable:
+        gates = [g.strip() for w in untestable for g in w.partition("gate:")[2].rstrip(")").split(",") if g.strip()]
+        return f"{NOT_TESTABLE} (gate: {', '.join(dict.fromkeys(gates))})" if gates else NOT_TESTABLE
     if all(w == "no effect" for w in words):
         return "no effect"
     return "left open"

@@ -55,7 +55,8 @@ class CheckResult:
 
     def _repr_html_(self) -> str:
         head = f"<p><b>{'PASS' if self.passed else 'FAIL'}</b> {self.name}: {self.summary}</p>"
-        return head + self.table.to_html(float_format=lambda v: f"{v:.4g}")
+        # a check's table can hold hundreds of rows (one per planted case); a page shows its ends, the object keeps all
+        return head + self.table.to_html(float_format=lambda v: f"{v:.4g}", max_rows=10)
 
     def assert_passed(self) -> "CheckResult":
         if not self.passed:

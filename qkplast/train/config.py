@@ -9,20 +9,23 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Literal
 
 from qkplast.errors import QkplastError
 from qkplast.options import typed_option
 
 __all__ = ["ARMS", "EXECUTION_FIELDS", "PRESETS", "TrainConfig", "TrainConfigError", "TrainStudy",
-           "load_train_study", "theta_bound"]
+           "corpus_parts", "load_train_study", "theta_bound"]
 
 #: The extension arms: ``rescaled`` (theta x theta_factor, window x ext_factor, as SmolLM3 did), ``control``
 #: (theta unchanged, window x ext_factor) and ``rescaled-short`` (theta x theta_factor, window unchanged), the
 #: third separating the base from the window length.
 ARMS = ("rescaled", "control", "rescaled-short")
 
-#: Fields that cannot change the trained weights (only how fast they come): a resumed training may change them.
-EXECUTION_FIELDS = ("workers", "resume_every")
+#: Fields that do not decide the trained weights by themselves (only how fast they come): a resumed training may
+#: change them. ``device`` is a request (``auto`` may resolve to either device); the device it resolves to can
+#: change the weights, so it is recorded in every run and a run never continues on another (see TrainConfig).
+EXECUTION_FIELDS = ("workers", "resume_every", "device")
 
 
 class TrainConfigError(QkplastError):
@@ -62,12 +65,22 @@ class TrainConfig:
     Data
     ----
     corpus : str
-        Corpus the tokenizer and the model are trained on (python-docs, see qkplast.capture.corpus).
+        Corpus the tokenizer and the model are trained on (python-docs, see qkplast.capture.corpus); corpora
+        joined by ``+`` (``python-docs+stdlib-code``) are a mix: each is split into training and held-out
+        documents on its own, then the parts are concatenated in the order written (ids ``corpus:id``).
     max_docs : int or None
-        Use only the first documents of the corpus (None: all of them).
+        Use only the first documents of the corpus, of each corpus of a mix (None: all of them).
     heldout_every : int
         Every n-th document (corpus order, the n-th, 2n-th, ...) is held out: never trained on, it gives the
         evaluation windows and the captures (20).
+    copy_share : float
+        Expected share of the training windows that carry a copied span (0: none). At every step a draw of
+        ``(seed, step)`` picks the windows (binomially) and writes into each ``copy_len`` tokens drawn uniformly
+        from the vocabulary (never the end-of-text token), and the same tokens again at a distance drawn
+        uniformly from ``[copy_len, W - copy_len]`` of its window W (up to 4L in the long windows of the
+        extension; :func:`qkplast.train.data.copy_windows`).
+    copy_len : int
+        Tokens of a copied span (16).
 
     Stage A (pre-training)
     ----------------------
@@ -82,7 +95,7 @@ class TrainConfig:
     lr : float
         Peak learning rate of stage A.
     warmup : int
-        Linear warm-up steps of stage A, then a cosine decay to ``min_lr_ratio * lr``.
+        Linear warm-up steps of stage A, then the ``schedule``'s decay to ``min_lr_ratio * lr``.
     checkpoints : int
         Stage-A checkpoints after step 0, log-spaced from ``first_checkpoint * steps`` to ``steps``.
     first_checkpoint : float
@@ -91,7 +104,11 @@ class TrainConfig:
     Stage B (extension)
     -------------------
     arms : tuple of str
-        Extension arms trained from the final stage-A checkpoint (see :data:`ARMS`).
+        Extension arms trained from the stage-A checkpoint ``ext_from`` names (see :data:`ARMS`).
+    ext_from : {"final", "predecay"}
+        Where the arms start: the final stage-A checkpoint with a fresh AdamW (``final``), or (``wsd`` only) the
+        stage-A checkpoint at the start of its decay, a branch of its own, with AdamW's state of that step, so
+        that the arms continue the stable phase without re-warming (``ext_warmup`` 0 is then meaningful).
     ext_factor : int
         Window multiplier of the extension (4: 256 -> 1024 tokens); every arm keeps the tokens per step of
         stage A (``batch / ext_factor`` long windows per step).
@@ -100,7 +117,8 @@ class TrainConfig:
     ext_steps : int
         Optimiser steps of each extension arm, counted from the start of the extension.
     ext_lr : float
-        Peak learning rate of the extension (a fresh AdamW, warm-up then cosine).
+        Peak learning rate of the extension (warm-up, then the ``schedule``'s decay; with ``predecay`` the rate
+        the stable phase continues at).
     ext_warmup : int
         Warm-up steps of the extension.
     ext_checkpoints : int
@@ -117,7 +135,13 @@ class TrainConfig:
     grad_clip : float
         Gradient norm clip (1.0).
     min_lr_ratio : float
-        Learning rate at the end of each cosine, as a share of its peak (0.1).
+        Learning rate at the end of each decay, as a share of its peak (0.1).
+    schedule : {"cosine", "wsd"}
+        Learning-rate schedule of stage A and of each arm after the linear warm-up: a cosine decay over the
+        remaining steps (``cosine``), or warmup-stable-decay (``wsd``): the peak held, then over the last
+        ``decay_share`` of the steps a ``1 - sqrt`` decay (Hägele et al. 2024) to ``min_lr_ratio * peak``.
+    decay_share : float
+        Share of the steps (stage A, and each arm) in the decay of ``wsd`` (0.2).
 
     Seeds and execution
     -------------------
@@ -127,10 +151,25 @@ class TrainConfig:
         Torch threads per training process (1, fixed so that the weights do not depend on the machine's cores).
     workers : int
         Trainings run at once, each in its own process (2: one per core here); no effect on the weights.
+    device : {"cpu", "cuda", "auto"}
+        Where the runs train (cpu; ``auto``: the GPU when torch sees one). On the GPU the forward pass and the
+        loss run under bf16 autocast (weights and AdamW state in float32). The resolved device (and the GPU's
+        name) is recorded in every run's record and in training.json; a run never resumes on another device.
     log_every : int
         Steps between entries of the loss log in training.json.
     resume_every : int
         Steps between resume states in DIR/state/ (besides every checkpoint); no effect on the weights.
+
+    Notes
+    -----
+    What is bit-identical. On the CPU every run trains in a spawned worker process with one thread, ATen's
+    non-vectorised kernels (``ATEN_CPU_CAPABILITY=default``) and MKL's conditional numerical reproducibility
+    (``MKL_CBWR=COMPATIBLE``; every matrix product of the miniature is an MKL sgemm, oneDNN is not on its path):
+    the weights are the same bit for bit for the same weight-changing settings on any x86-64 CPU (Intel or
+    AMD), whatever ``workers``, and a run killed and resumed gives the same bits. On the GPU a run is seeded
+    (the same initialisation as on the CPU, the same batches) and resumable from the same state files, with
+    deterministic algorithms where torch has them; its weights are not bitwise the CPU's, nor the same across
+    GPU models, driver or library versions (bf16 autocast and cuBLAS/cuDNN kernels differ).
     """
 
     layers: int = 4
@@ -143,6 +182,8 @@ class TrainConfig:
     corpus: str = "python-docs"
     max_docs: int | None = None
     heldout_every: int = 20
+    copy_share: float = 0.0
+    copy_len: int = 16
     window: int = 256
     rope_theta: float = 1000.0
     steps: int = 240
@@ -152,6 +193,7 @@ class TrainConfig:
     checkpoints: int = 5
     first_checkpoint: float = 0.01
     arms: tuple[str, ...] = ARMS
+    ext_from: Literal["final", "predecay"] = "final"
     ext_factor: int = 4
     theta_factor: float = 10.0
     ext_steps: int = 40
@@ -163,9 +205,12 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     min_lr_ratio: float = 0.1
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    decay_share: float = 0.2
     seeds: int = 3
     threads: int = 1
     workers: int = 2
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
     log_every: int = 1
     resume_every: int = 25
 
@@ -214,10 +259,21 @@ class TrainConfig:
     def steps_of(self, arm: str) -> int:
         return self.steps if arm == "stageA" else self.ext_steps
 
+    def decay_start(self, arm: str) -> int:
+        """First step of ``arm``'s decay under ``wsd`` (its steps less ``round(decay_share * steps)``)."""
+        total = self.steps_of(arm)
+        return total - round(self.decay_share * total)
+
+    @property
+    def ext_start(self) -> int:
+        """The stage-A step the extension arms start from: the last, or the start of the decay (``predecay``)."""
+        return self.decay_start("stageA") if self.ext_from == "predecay" else self.steps
+
     def checkpoint_steps(self, arm: str) -> list[int]:
-        """Step 0 and the log-spaced checkpoints of ``arm`` (stage A, or an arm counted from the extension's start)."""
+        """Step 0 and the log-spaced checkpoints of ``arm`` (stage A, or an arm counted from the extension's start);
+        stage A also at :attr:`ext_start`, the arms' starting point."""
         if arm == "stageA":
-            return log_spaced(self.steps, self.checkpoints, self.first_checkpoint)
+            return sorted({*log_spaced(self.steps, self.checkpoints, self.first_checkpoint), self.ext_start})
         return log_spaced(self.ext_steps, self.ext_checkpoints, self.ext_first_checkpoint)
 
 
@@ -264,6 +320,48 @@ def _problems(c: TrainConfig) -> list[str]:
         out.append(f"arms must be distinct names from {ARMS}, got {list(c.arms)}")
     if c.max_docs is not None and c.max_docs < 2 * c.heldout_every:
         out.append(f"max_docs {c.max_docs} leaves fewer than two held-out documents; raise it or lower heldout_every")
+    return out + _data_problems(c) + _schedule_problems(c)
+
+
+def corpus_parts(corpus: str) -> list[str]:
+    """The corpora of a ``+``-joined mix (``python-docs+stdlib-code``), in order; one corpus is a list of one.
+
+    A path that exists is one corpus even if its name holds a ``+``.
+    """
+    return [corpus] if "+" not in corpus or Path(corpus).exists() else corpus.split("+")
+
+
+def _data_problems(c: TrainConfig) -> list[str]:
+    out = []
+    parts = corpus_parts(c.corpus)
+    if any(not p.strip() for p in parts) or len(set(parts)) != len(parts):
+        out.append(f"corpus {c.corpus!r}: a mix names distinct, non-empty corpora joined by '+' "
+                   "(e.g. python-docs+stdlib-code)")
+    if not 0 <= c.copy_share <= 1:
+        out.append(f"copy_share must lie in [0, 1], got {c.copy_share}")
+    if c.copy_len < 1:
+        out.append(f"copy_len must be >= 1, got {c.copy_len}")
+    elif c.copy_share > 0 and 2 * c.copy_len > c.window:
+        out.append(f"copy_len ({c.copy_len}) must be at most window/2 ({c.window // 2}): a span and its copy, at a "
+                   "distance of at least copy_len, fit in one window")
+    return out
+
+
+def _schedule_problems(c: TrainConfig) -> list[str]:
+    out = []
+    if not 0 < c.decay_share < 1:
+        out.append(f"decay_share must lie in (0, 1), got {c.decay_share}")
+    elif c.schedule == "wsd":
+        for arm, warm in (("stageA", "warmup"), ("rescaled", "ext_warmup")):
+            total, name = c.steps_of(arm), "steps" if arm == "stageA" else "ext_steps"
+            if c.decay_start(arm) >= total:
+                out.append(f"decay_share {c.decay_share} of {name} ({total}) is no step: raise decay_share or {name}")
+            elif getattr(c, warm) > c.decay_start(arm):
+                out.append(f"{warm} ({getattr(c, warm)}) must end before the decay starts at step "
+                           f"{c.decay_start(arm)} of {name}; lower {warm} or decay_share")
+    if c.ext_from == "predecay" and c.schedule != "wsd":
+        out.append("ext_from 'predecay' needs schedule 'wsd' (a cosine has no stable phase to branch from); "
+                   "set schedule: wsd or ext_from: final")
     return out
 
 

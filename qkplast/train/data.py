@@ -14,8 +14,13 @@ Made once per training directory (``DIR/data/``, ``DIR/tokenizer/``) before any 
   (a document's first tokens, titles and labels, are easier or harder than its body for reasons that have
   nothing to do with context).
 
-Which step sees which windows is a pure function of the seed and the step (:func:`batch_windows`), so a
-resumed training reads exactly the batches it would have read.
+A ``+``-joined corpus (``python-docs+stdlib-code``) is a mix: each corpus is split into training and held-out
+documents on its own (:func:`split_documents`), then the training parts and the held-out parts are concatenated
+in the order the mix names them; every file above carries the documents of every corpus.
+
+Which step sees which windows, and which of them carry a copied span (:func:`copy_windows`, ``copy_share``), is
+a pure function of the seed and the step (:func:`batch_windows`, :func:`copy_batch`), so a resumed training reads
+exactly the batches it would have read.
 """
 
 from __future__ import annotations
@@ -26,12 +31,19 @@ from pathlib import Path
 
 import numpy as np
 
-from qkplast.capture.corpus import open_corpus
+from qkplast.capture.corpus import Document, open_corpus
 from qkplast.errors import QkplastError
-from qkplast.train.config import TrainConfig
+from qkplast.train.config import TrainConfig, corpus_parts
 from qkplast.train.tokenizer import EOT, train_tokenizer
 
-__all__ = ["TokenData", "batch_windows", "load_data", "ngram_baselines", "prepare_data", "split_documents"]
+__all__ = ["COPY_EVAL_STREAM", "TokenData", "batch_windows", "copy_batch", "copy_windows", "heldout_copy_windows",
+           "load_data", "mixed_documents", "ngram_baselines", "prepare_data", "split_documents"]
+
+#: Random streams of a seed (the second entry of every ``numpy`` seed sequence here): the batches of stage A (0)
+#: and of the extension (1), the copied spans of stage A (2) and of the extension (3), and the copied spans of
+#: the held-out evaluation windows (4, :func:`heldout_copy_windows`), never drawn by a training step.
+COPY_STREAMS = {"stageA": 2, "extension": 3}
+COPY_EVAL_STREAM = 4
 
 
 class DataError(QkplastError):
@@ -62,15 +74,33 @@ def split_documents(documents, heldout_every: int) -> tuple[list, list]:
     return train, held
 
 
+def mixed_documents(config: TrainConfig) -> tuple[list, list, dict]:
+    """(training, held-out, {corpus: [documents, training, held-out]}) of ``config.corpus``.
+
+    Each corpus of a ``+`` mix is cut to its first ``max_docs`` documents and split on its own, so each
+    contributes its share of held-out documents; the parts follow the mix's order. In a mix a document's id is
+    ``corpus:id`` (two corpora may use the same ids).
+    """
+    import itertools
+
+    parts = corpus_parts(config.corpus)
+    train, held, counts = [], [], {}
+    for part in parts:
+        documents = list(itertools.islice(open_corpus(part), config.max_docs))
+        if len(parts) > 1:
+            documents = [Document(f"{part}:{d.id}", d.text) for d in documents]
+        t, h = split_documents(documents, config.heldout_every)
+        train, held, counts[part] = train + t, held + h, [len(documents), len(t), len(h)]
+    return train, held, counts
+
+
 def prepare_data(config: TrainConfig, out: Path, progress: bool = True) -> None:
     """Train the tokenizer on the training documents and write ``DIR/tokenizer`` and ``DIR/data`` (once)."""
     data = Path(out) / "data"
     if (data / "done.json").exists():
         return
-    import itertools
-
-    documents = list(itertools.islice(open_corpus(config.corpus), config.max_docs))
-    train, held = split_documents(documents, config.heldout_every)
+    train, held, counts = mixed_documents(config)
+    documents = train + held
     if progress:
         print(f"[train] tokenizer: byte-level BPE of {config.vocab_size} tokens on {len(train)} documents "
               f"({len(held)} held out)", flush=True)
@@ -100,6 +130,9 @@ def prepare_data(config: TrainConfig, out: Path, progress: bool = True) -> None:
     summary = {"documents": len(documents), "train_documents": len(train), "heldout_documents": len(held),
                "train_tokens": int(len(stream)), "chunks": int(sum(len(c) for c in chunks)),
                "heldout_windows": len(long_held), "eot": int(eot)}
+    if len(counts) > 1:
+        summary["corpora"] = {part: dict(zip(("documents", "train_documents", "heldout_documents"), n))
+                              for part, n in counts.items()}
     (data / "done.json").write_text(json.dumps(summary, indent=1))
 
 
@@ -123,6 +156,73 @@ def batch_windows(n_windows: int, per_step: int, step: int, seed: int, stream: i
         lo, hi = max(start - epoch * n_windows, 0), min(stop - epoch * n_windows, n_windows)
         out.append(order[lo:hi])
     return np.concatenate(out)
+
+
+def copy_windows(windows, n: int, copy_len: int, rng: np.random.Generator, *, vocab_size: int,
+                 eot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` of ``windows`` (drawn by ``rng``) with a span of random tokens written twice at a random distance.
+
+    For each chosen window of W tokens: a distance ``d`` uniform in ``[copy_len, W - copy_len]``, a first start
+    ``s`` uniform in ``[0, W - copy_len - d]``, and ``copy_len`` tokens uniform over the ``vocab_size`` ids but
+    ``eot``, written at ``s`` and again at ``s + d`` (the copies never overlap; the distance is never fixed, so
+    the only way to predict the second copy is to find the first: copying, not a positional shortcut).
+
+    Parameters
+    ----------
+    windows : array ``[rows, W]`` of token ids
+        Left unchanged (the result is a copy).
+    n : int
+        How many rows carry a span, ``0 <= n <= rows``.
+    copy_len : int
+        Tokens of the span, ``2 copy_len <= W``.
+    rng : numpy.random.Generator
+        Every draw comes from it, in a fixed order: the same generator state gives the same result.
+    vocab_size, eot : int
+        The ids the span is drawn from, ``[0, vocab_size)`` less ``eot``.
+
+    Returns
+    -------
+    (windows, first_start, second_start)
+        The windows ``[rows, W]`` (int64) and, per row, where the span and its copy start (-1 in rows without).
+    """
+    out = np.array(windows, dtype=np.int64, copy=True)  # [rows, W]
+    rows, width = out.shape
+    if not 0 <= n <= rows or 2 * copy_len > width:
+        raise ValueError(f"copy_windows: n={n} of {rows} rows, copy_len={copy_len} for windows of {width} tokens")
+    first, second = np.full(rows, -1, np.int64), np.full(rows, -1, np.int64)
+    chosen = np.sort(rng.choice(rows, size=n, replace=False))
+    distance = rng.integers(copy_len, width - copy_len, size=n, endpoint=True)
+    start = rng.integers(0, width - copy_len - distance, endpoint=True)  # [n], each within its own bound
+    span = rng.integers(0, vocab_size - 1, size=(n, copy_len))
+    span += span >= eot  # skip the end-of-text id: uniform over the others
+    offsets = np.arange(copy_len)
+    out[chosen[:, None], start[:, None] + offsets] = span
+    out[chosen[:, None], (start + distance)[:, None] + offsets] = span
+    first[chosen], second[chosen] = start, start + distance
+    return out, first, second
+
+
+def copy_batch(config: TrainConfig, windows, seed: int, step: int, stream: str, eot: int) -> np.ndarray:
+    """The windows of a training step with ``copy_share`` of them (binomially, drawn from ``(seed, stream, step)``)
+    carrying a copied span (:func:`copy_windows`); ``stream`` is ``stageA`` or ``extension``."""
+    if config.copy_share == 0:
+        return np.asarray(windows, np.int64)
+    rng = np.random.default_rng([seed, COPY_STREAMS[stream], step])
+    n = int(rng.binomial(len(windows), config.copy_share))
+    return copy_windows(windows, n, config.copy_len, rng, vocab_size=config.vocab_size, eot=eot)[0]
+
+
+def heldout_copy_windows(data: TokenData, length: int, count: int, copy_len: int, vocab_size: int,
+                         seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first ``count`` held-out evaluation windows of ``length`` tokens, each carrying a copied span.
+
+    The evaluation windows (``heldout_stream`` cut to ``length``, which divides the extension window) with
+    :func:`copy_windows` drawn from stream :data:`COPY_EVAL_STREAM` of ``seed``: held-out text around spans no
+    training step drew. Returns ``(windows, first_start, second_start)`` as :func:`copy_windows` does.
+    """
+    windows = np.asarray(data.heldout_stream, np.int64).reshape(-1, length)[:count]
+    rng = np.random.default_rng([seed, COPY_EVAL_STREAM])
+    return copy_windows(windows, len(windows), copy_len, rng, vocab_size=vocab_size, eot=data.eot)
 
 
 def ngram_baselines(data: TokenData, vocab_size: int, ks=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0)) -> dict[str, float]:

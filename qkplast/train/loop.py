@@ -1,9 +1,11 @@
-"""One training run: stage A from a seed, or one extension arm from the final stage-A checkpoint.
+"""One training run: stage A from a seed, or one extension arm from a stage-A checkpoint (``ext_from``).
 
-The loop is plain torch: AdamW, a cosine schedule with warm-up, gradient clipping, deterministic kernels on a
-fixed number of threads. Every checkpoint of the run's schedule becomes a branch of the seed's hub repository
-(:mod:`qkplast.train.hub`); the model, optimiser and random-number states go to ``DIR/state/`` at every
-checkpoint and every ``resume_every`` steps, so a killed run resumes from its last state to the same weights.
+The loop is plain torch: AdamW, a cosine or warmup-stable-decay schedule with warm-up, gradient clipping,
+deterministic kernels on a fixed number of threads, on the CPU or (bf16 autocast) the GPU. Every checkpoint of
+the run's schedule becomes a branch of the seed's hub repository (:mod:`qkplast.train.hub`); the model, optimiser
+and random-number states go to ``DIR/state/`` at every checkpoint and every ``resume_every`` steps, so a killed
+run resumes from its last state to the same weights. With ``ext_from: predecay`` stage A also keeps AdamW's
+state at the start of its decay (``DIR/state/seed{S}-predecay.pt``), where the arms continue from.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from qkplast.train.config import TrainConfig
-from qkplast.train.data import TokenData, batch_windows, load_data
+from qkplast.train.config import TrainConfig, TrainConfigError
+from qkplast.train.data import TokenData, batch_windows, copy_batch, load_data
 from qkplast.train.hub import branch_name, hub_cache, publish, repo_id, snapshot
-from qkplast.train.model import build_model, deterministic, lr_at
+from qkplast.train.model import build_model, cpu_kernels, deterministic, lr_at, resolve_device
 
-__all__ = ["record_path", "state_path", "train_arm"]
+__all__ = ["predecay_path", "record_path", "recorded_device", "state_path", "train_arm"]
 
 
 def state_path(out, seed: int, arm: str) -> Path:
@@ -36,44 +38,75 @@ def record_path(out, seed: int, arm: str) -> Path:
     return Path(out) / "state" / f"seed{seed}-{arm}.json"
 
 
+def predecay_path(out, seed: int) -> Path:
+    """AdamW's state of stage A at the start of its decay (``ext_from: predecay``), kept for the arms."""
+    return Path(out) / "state" / f"seed{seed}-predecay.pt"
+
+
+def recorded_device(path: Path) -> str:
+    """The device a run's record (``.json``) or resume state (``.pt``) was trained on (``cpu`` before the field)."""
+    if path.suffix == ".json":
+        return json.loads(path.read_text()).get("device", "cpu")
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False).get("device", "cpu")
+
+
 @dataclass
 class Run:
     """A run in progress: what a resume state holds."""
 
     model: object
     optimizer: object
+    device: str = "cpu"
     step: int = 0
     log: list = field(default_factory=list)
     branches: dict = field(default_factory=dict)
+    wall_s: float = 0.0  # seconds of this run's loop, over every session (a resumed run adds its own)
+    timed_steps: int = 0  # the steps those seconds cover
 
 
-def train_arm(config: TrainConfig, out, seed: int, arm: str, report=None) -> dict:
+def train_arm(config: TrainConfig, out, seed: int, arm: str, report=None, device: str | None = None) -> dict:
     """Train ``arm`` (``"stageA"`` or an extension arm) of ``seed`` to its last step; return its record.
 
     ``report(tokens)`` is called after every step (the progress bar). A finished run returns its record at once.
+    ``device`` is the resolved device (``cpu`` or ``cuda``; None: resolve ``config.device`` here).
+
+    Raises
+    ------
+    TrainConfigError
+        The run's resume state was made on another device than ``device``.
     """
     out = Path(out)
     if record_path(out, seed, arm).exists():
         return json.loads(record_path(out, seed, arm).read_text())
+    device = device or resolve_device(config.device)
     data = load_data(out)
     total, checkpoints = config.steps_of(arm), set(config.checkpoint_steps(arm))
     peak, warmup = (config.lr, config.warmup) if arm == "stageA" else (config.ext_lr, config.ext_warmup)
-    with deterministic(config.threads):
+    with deterministic(config.threads, device):
         import torch
 
-        run = _resume(config, out, seed, arm, data)
-        tic, tokens_since = time.perf_counter(), 0
+        run = _resume(config, out, seed, arm, data, device)
+        # bf16 autocast on the GPU: the forward pass and the loss; weights, gradients and AdamW stay float32
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+        tic = last = time.perf_counter()
+        tokens_since = 0
         while True:
             if run.step in checkpoints and branch_name(arm, run.step) not in run.branches:
                 run.branches[branch_name(arm, run.step)] = run.step
                 _publish(run.model, out, seed, arm, run.step)
+                if arm == "stageA" and config.ext_from == "predecay" and run.step == config.ext_start:
+                    _save_predecay(run, out, seed)
                 _save_state(run, out, seed, arm)
             if run.step == total:
                 break
-            x = torch.from_numpy(_batch(config, arm, data, seed, run.step))  # [batch, window]
+            x = torch.from_numpy(_batch(config, arm, data, seed, run.step)).to(device)  # [batch, window]
             for group in run.optimizer.param_groups:
-                group["lr"] = lr_at(run.step, peak, warmup, total, config.min_lr_ratio)
-            loss = run.model(input_ids=x, labels=x).loss
+                group["lr"] = lr_at(run.step, peak, warmup, total, config.min_lr_ratio, config.schedule,
+                                    config.decay_share)
+            with autocast:
+                loss = run.model(input_ids=x, labels=x).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), config.grad_clip)
             run.optimizer.step()
@@ -81,18 +114,32 @@ def train_arm(config: TrainConfig, out, seed: int, arm: str, report=None) -> dic
             run.step += 1
             tokens_since += x.numel()
             if run.step % config.log_every == 0 or run.step == total:
+                value = loss.item()  # on the GPU: waits for the step, so the time below is the step's
                 elapsed = time.perf_counter() - tic
-                run.log.append({"step": run.step, "loss": loss.item(), "tokens_per_s": tokens_since / elapsed})
+                run.log.append({"step": run.step, "loss": value, "tokens_per_s": tokens_since / elapsed})
                 tic, tokens_since = time.perf_counter(), 0
             if report is not None:
                 report(x.numel())
+            now = time.perf_counter()
+            run.wall_s, run.timed_steps, last = run.wall_s + now - last, run.timed_steps + 1, now
             if run.step % config.resume_every == 0:
                 _save_state(run, out, seed, arm)
     record = {"seed": seed, "arm": arm, "rope_theta": config.theta_of(arm), "branches": run.branches,
-              "steps": run.log}
+              "steps": run.log, **_execution(run, config)}
     _write_json(record_path(out, seed, arm), record)
     state_path(out, seed, arm).unlink(missing_ok=True)
     return record
+
+
+def _execution(run: Run, config: TrainConfig) -> dict:
+    """Where and how fast a run trained: device, GPU name, CPU kernels, wall time (every session's loop: steps,
+    checkpoints and resume states) and the mean tokens/s over it."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(torch.cuda.current_device()) if run.device == "cuda" else None
+    tokens = run.timed_steps * config.batch * config.window  # every arm keeps stage A's tokens per step
+    return {"device": run.device, "gpu": gpu, **cpu_kernels(), "wall_s": run.wall_s,
+            "tokens_per_s": tokens / run.wall_s if run.wall_s > 0 else None}
 
 
 def _batch(config: TrainConfig, arm: str, data: TokenData, seed: int, step: int) -> np.ndarray:
@@ -103,10 +150,12 @@ def _batch(config: TrainConfig, arm: str, data: TokenData, seed: int, step: int)
     """
     if arm == "stageA":
         windows = data.windows(config.window)
-        return np.asarray(windows[batch_windows(len(windows), config.batch, step, seed, 0)], np.int64)
+        rows = np.asarray(windows[batch_windows(len(windows), config.batch, step, seed, 0)], np.int64)
+        return copy_batch(config, rows, seed, step, "stageA", data.eot)
     rows = batch_windows(len(data.chunks), config.batch // config.ext_factor, step, seed, 1)
     chunks = np.asarray(data.chunks[rows], np.int64)  # [batch / ext_factor, ext_window]
-    return chunks.reshape(-1, config.window_of(arm))
+    # copied spans in the long windows, before the short arm cuts them: every arm still sees the same tokens
+    return copy_batch(config, chunks, seed, step, "extension", data.eot).reshape(-1, config.window_of(arm))
 
 
 def _optimizer(model, config: TrainConfig, peak: float):
@@ -118,29 +167,40 @@ def _optimizer(model, config: TrainConfig, peak: float):
                               {"params": rest, "weight_decay": 0.0}], lr=peak, betas=(0.9, config.beta2), eps=1e-8)
 
 
-def _resume(config: TrainConfig, out: Path, seed: int, arm: str, data: TokenData) -> Run:
-    """The run from its resume state, or fresh: stage A from ``seed``, an arm from the final stage-A branch."""
+def _resume(config: TrainConfig, out: Path, seed: int, arm: str, data: TokenData, device: str) -> Run:
+    """The run from its resume state, or fresh: stage A from ``seed``, an arm from the stage-A branch at
+    ``config.ext_start`` (with ``predecay``, and AdamW's state of that step)."""
     import torch
 
     peak = config.lr if arm == "stageA" else config.ext_lr
     path = state_path(out, seed, arm)
+    state = torch.load(path, map_location=device, weights_only=False) if path.exists() else None
+    if state is not None and state.get("device", "cpu") != device:
+        raise TrainConfigError(f"run seed {seed} {arm} in {out} started on {state.get('device', 'cpu')} and would "
+                               f"resume on {device}; pass --device {state.get('device', 'cpu')} or choose another --out")
     if arm == "stageA":
-        model = build_model(config, arm, data.eot, seed=seed)
+        model = build_model(config, arm, data.eot, seed=seed)  # initialised on the CPU: the same on every device
     else:
         from transformers import LlamaForCausalLM
 
         from qkplast.train.model import llama_config
 
-        start = snapshot(hub_cache(out), repo_id(seed), branch_name("stageA", config.steps))
+        start = snapshot(hub_cache(out), repo_id(seed), branch_name("stageA", config.ext_start))
         model = LlamaForCausalLM.from_pretrained(start, config=llama_config(config, arm, data.eot), dtype=torch.float32)
-    model.train()
-    run = Run(model, _optimizer(model, config, peak))
-    if path.exists():
-        state = torch.load(path, weights_only=False)
+    model.to(device).train()
+    run = Run(model, _optimizer(model, config, peak), device)
+    if state is not None:
         run.model.load_state_dict(state["model"])
         run.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
+        torch.set_rng_state(state["rng"].cpu())
+        if device == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu())
         run.step, run.log, run.branches = state["step"], state["log"], state["branches"]
+        run.wall_s, run.timed_steps = state.get("wall_s", 0.0), state.get("timed_steps", 0)
+    elif arm != "stageA" and config.ext_from == "predecay":
+        # the arms continue stage A's optimiser: its moments and step count, so no re-warming is needed
+        saved = torch.load(predecay_path(out, seed), map_location=device, weights_only=False)
+        run.optimizer.load_state_dict(saved["optimizer"])
     return run
 
 
@@ -148,11 +208,25 @@ def _save_state(run: Run, out: Path, seed: int, arm: str) -> None:
     import torch
 
     state = {"step": run.step, "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-             "rng": torch.get_rng_state(), "log": run.log, "branches": run.branches}
-    path = state_path(out, seed, arm)
+             "rng": torch.get_rng_state(), "log": run.log, "branches": run.branches, "device": run.device,
+             "wall_s": run.wall_s, "timed_steps": run.timed_steps}
+    if run.device == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state()
+    _torch_save(state, state_path(out, seed, arm))
+
+
+def _save_predecay(run: Run, out: Path, seed: int) -> None:
+    """AdamW's state of stage A at the start of its decay, with its step and device, for the arms."""
+    _torch_save({"step": run.step, "optimizer": run.optimizer.state_dict(), "device": run.device},
+                predecay_path(out, seed))
+
+
+def _torch_save(value, path: Path) -> None:
+    import torch
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
+    torch.save(value, tmp)
     os.replace(tmp, path)
 
 

@@ -25,12 +25,14 @@ def smoke(smoke_training):
 def test_training_json_has_the_issue_schema(smoke):
     out, training = smoke
     on_disk = json.loads((out / "training.json").read_text())
-    assert on_disk == training and set(on_disk) == {"config", "runs"}
+    assert on_disk == training and set(on_disk) == {"config", "device", "gpu", "runs"}
     assert TrainConfig.from_kwargs(**on_disk["config"]) == SMOKE
     assert [(r["seed"], r["arm"]) for r in on_disk["runs"]] == [
         (s, a) for s in range(SMOKE.seeds) for a in ("stageA", "rescaled", "control", "rescaled-short")]
     for run in on_disk["runs"]:
-        assert set(run) == {"seed", "arm", "rope_theta", "branches", "steps"}
+        assert set(run) == {"seed", "arm", "rope_theta", "branches", "steps", "device", "gpu", "cpu_capability",
+                            "mkl_cbwr", "wall_s", "tokens_per_s"}
+        assert (run["device"], run["gpu"], run["cpu_capability"]) == ("cpu", None, "DEFAULT") and run["wall_s"] > 0
         assert run["rope_theta"] == SMOKE.theta_of(run["arm"])
         prefix = "stageA" if run["arm"] == "stageA" else f"ext-{run['arm']}"
         assert run["branches"] == {f"{prefix}-step{n}": n for n in SMOKE.checkpoint_steps(run["arm"])}

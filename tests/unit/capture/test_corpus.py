@@ -187,31 +187,35 @@ def _docs_tree(root, sizes):
     return src
 
 
-def test_python_docs_reads_one_document_per_page_in_path_order(monkeypatch, tmp_path):
+def test_installed_python_docs_reads_one_document_per_page_in_path_order(monkeypatch, tmp_path):
     from qkplast.capture import corpus as corpus_module
 
-    src = _docs_tree(tmp_path, {"library/os": 30, "howto/logging": 20, "about": 5})
-    monkeypatch.setattr(corpus_module, "PYTHON_DOCS_GLOB", str(tmp_path / "python3*" / "html" / "_sources"))
-    monkeypatch.setattr(corpus_module.python_docs_root, "__defaults__", (corpus_module.PYTHON_DOCS_GLOB,))
-    corpus = open_corpus("python-docs")
+    src = _docs_tree(tmp_path, {"library/os": 30, "library/os.path": 10, "howto/logging": 20, "about": 5})
+    pattern = str(tmp_path / "python3*" / "html" / "_sources")
+    monkeypatch.setattr(corpus_module.python_docs_root, "__defaults__", (pattern,))
+    with pytest.warns(corpus_module.CorpusDriftWarning):  # a fake tree is not the pinned snapshot
+        corpus = open_corpus("python-docs:installed")
     docs = list(corpus)
-    assert [d.id for d in docs] == ["about", "howto/logging", "library/os"]
-    assert docs[2].text == (src / "library" / "os.rst.txt").read_text()
-    assert corpus.details["documents"] == 3 and corpus.details["source"] == str(src.resolve())
+    # sorted by the file's path: library/os.path.rst.txt comes before library/os.rst.txt
+    assert [d.id for d in docs] == ["about", "howto/logging", "library/os.path", "library/os"]
+    assert docs[3].text == (src / "library" / "os.rst.txt").read_text()
+    assert corpus.details["documents"] == 4 and corpus.details["path"] == str(src.resolve())
+    assert corpus.details["source"] == "installed" and corpus.details["matches_snapshot"] is False
 
 
-def test_python_docs_without_the_package_says_how_to_install(monkeypatch, tmp_path):
+def test_installed_python_docs_without_the_package_says_how_to_install(monkeypatch, tmp_path):
     from qkplast.capture import corpus as corpus_module
 
     monkeypatch.setattr(corpus_module.python_docs_root, "__defaults__", (str(tmp_path / "none*" / "_sources"),))
-    with pytest.raises(CorpusError, match="apt-get install python3-doc"):
-        open_corpus("python-docs")
+    with pytest.raises(CorpusError, match="apt-get install python3-doc.*--corpus python-docs"):
+        open_corpus("python-docs:installed")
+    assert len(list(open_corpus("python-docs"))) > 400  # the pinned snapshot needs no installed package
 
 
-def test_the_installed_python_docs_hold_long_documents(tokenizer):
-    """Debian's python3-doc (installed by .ci/run and scripts/book.sh): hundreds of pages, some very long."""
+def test_the_pinned_python_docs_hold_long_documents(tokenizer):
+    """The shipped snapshot of the CPython documentation: hundreds of pages, some very long."""
     corpus = open_corpus("python-docs")
-    assert corpus.details["documents"] > 400
+    assert corpus.details["documents"] > 400 and corpus.details["source"] == "snapshot"
     longest = max(corpus, key=lambda d: len(d.text))
     assert len(longest.text) > 150_000  # library/stdtypes: ~55K SmolLM2 tokens
     ids = [d.id for d in _first(corpus, 50)]

@@ -38,6 +38,17 @@ def test_a_conjunction_is_supported_only_when_every_part_is():
         conjunction(["maybe"])
 
 
+def test_a_part_that_is_not_testable_makes_the_claim_not_testable_unless_another_part_contradicts_it():
+    """A reading on a model that failed a gate cannot support a claim: the whole is "not testable", naming every
+    failed gate once; a contradicted part still contradicts the whole (it was decided on a model that passed)."""
+    assert conjunction(["supported", "not testable (gate: copy, sink)"]) == "not testable (gate: copy, sink)"
+    assert conjunction(["not testable (gate: copy)", "not testable (gate: sink, copy)"]) == "not testable (gate: copy, sink)"
+    assert conjunction(["contradicted", "not testable (gate: copy)"]) == "contradicted"
+    assert conjunction(["left open", "not testable (gate: reach)"]) == "not testable (gate: reach)"
+    with pytest.raises(ValueError):
+        conjunction(["not sure (gate: copy)"])
+
+
 @pytest.mark.parametrize("n", [3, 4, 8])
 def test_t_interval_covers_at_its_level_with_few_units(n, rng):
     """2000 planted worlds of n unit values around a known mean: the 95% interval covers 93-97% of them."""

@@ -15,6 +15,10 @@ from qkplast.pipeline.cli import main
     (["--corpus", "/no/such/corpus"], "unknown corpus '/no/such/corpus'"),
     (["--batch", "6"], "multiple of ext_factor"),
     (["--warmup", "999"], "warmup (999) must be >= 0 and shorter than steps (240)"),
+    (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
+    (["--copy-share", "2"], "copy_share must lie in [0, 1]"),
+    (["--ext-from", "predecay"], "ext_from 'predecay' needs schedule 'wsd'"),
+    (["--corpus", "python-docs+/no/such/corpus"], "unknown corpus '/no/such/corpus'"),
 ])
 def test_bad_flags(tmp_path, capsys, argv, words):
     out = tmp_path / "train"
@@ -47,3 +51,15 @@ def test_a_directory_trained_with_other_settings_is_refused(tmp_path, capsys):
     assert "holds a training with other settings (steps differ)" in err and err.count("\n") == 1
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]
     assert json.loads((out / "config.json").read_text())["steps"] == PRESETS["smoke"].steps  # the recorded training is untouched
+
+
+def test_device_cuda_without_a_gpu_is_one_line_before_anything_is_written(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    out = tmp_path / "train"
+    assert main(["train", "--preset", "smoke", "--device", "cuda", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("qkplast train: error: device 'cuda' requested") and err.count("\n") == 1
+    assert not out.exists()

@@ -1,0 +1,56 @@
+"""The full run's command rehearsed on the CPU (issue 36): ``benchmarks/bench_miniature.py --selftest-cpu`` runs
+the pilots, chooses by the committed rule, trains every seed and arm, measures every checkpoint at both windows,
+gates them and exports what chapter 10 reads; chapter 10 then reads that export as it would read the committed
+``data/miniature-full/``."""
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pandas as pd
+
+from qkplast.train.evaluate import load_full_run
+from qkplast.train.gates import GATES
+
+from tests.helpers import ROOT
+
+
+def test_the_full_run_command_exports_what_chapter_10_reads(tmp_path):
+    export = tmp_path / "export"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_miniature.py"), "--selftest-cpu",
+                           "--out", str(tmp_path / "work"), "--export", str(export)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    for pilot in ("base", "lr-6e-3", "copy-half"):  # every pilot of studies/miniature-pilots.yaml, with its gates
+        assert f"pilot {pilot}:" in out and "tok/s" in out
+    assert "chosen:" in out and "seeds passing the registered gates" in out
+    run = load_full_run(export)
+    provenance = run["provenance"]
+    assert provenance["device"] == "cpu" and provenance["selftest_cpu"] and len(provenance["pilots"]) == 3
+    assert provenance["baseline"]["bigram"] < provenance["baseline"]["unigram"]
+    table, config = run["table"], run["config"]
+    assert set(table.window_kind) == {"L", "4L"} and set(table.seed) == set(range(config.seeds))
+    # every checkpoint of every run measured at both windows
+    per_run = table.groupby(["seed", "arm", "step"]).window_kind.nunique()
+    assert (per_run == 2).all() and len(per_run) == sum(len(r["branches"]) for r in run["training"]["runs"])
+    gates = pd.read_csv(export / "gates.csv")
+    assert {f"{g}_pass" for g in GATES} <= set(gates.columns) and "registered_passed" in gates
+    with tarfile.open(export / "seed0-checkpoints.tar.xz") as tar:
+        names = tar.getnames()
+    branches = json.loads((export / "training.json").read_text())["runs"][0]["branches"]
+    assert {n.split("/")[0] for n in names} >= set(branches)  # seed 0's stage-A checkpoints, in float16
+
+    executed = tmp_path / "10.ipynb"
+    done = subprocess.run([sys.executable, "-m", "papermill", "--cwd", str(ROOT / "notebooks"), "--kernel", "python3",
+                           "--no-progress-bar", str(ROOT / "notebooks" / "10_results_training.ipynb"), str(executed),
+                           "-p", "full_run", str(export), "-p", "run_dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = executed.read_text()
+    assert "the committed full run" in text and "seeds that pass every registered gate" in text
+    assert not (tmp_path / "run").exists()  # the full run is read, nothing trained

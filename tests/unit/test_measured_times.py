@@ -1,0 +1,74 @@
+"""The measured-times page (benchmarks/measured_times.py): the table in book/reproduce.md is what the data renders,
+one row per setting with the latest measurement, and the parts a measurement reads (pytest's closing line, the run
+manifest's notebook times, /proc/cpuinfo) are read as written."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import measured_times  # noqa: E402
+
+
+def test_the_book_page_holds_the_table_the_data_renders():
+    page = (ROOT / "book" / "reproduce.md").read_text()
+    assert page == measured_times.render_page(), (
+        "book/reproduce.md's measured-times table differs from data/measured_times.csv: "
+        "run `python benchmarks/measured_times.py --render-only`")
+    rows = measured_times.read_rows()
+    assert rows, "data/measured_times.csv has no measurement"
+    assert len({(row["cpu"], row["commands"]) for row in rows}) == len(rows), "a setting has more than one row"
+    for row in rows:
+        assert measured_times.minutes(row["book_s"]) in page and f"`{row['commit']}`" in page
+
+
+def test_a_new_measurement_replaces_its_settings_row_only():
+    old = {field: "" for field in measured_times.FIELDS} | {"cpu": "AMD EPYC", "commands": "c", "commit": "a", "date": "2026-11-01"}
+    other = old | {"cpu": "Intel Xeon", "commit": "b"}
+    new = old | {"commit": "c", "date": "2026-11-28"}
+    merged = measured_times.merge([old, other], new)
+    assert merged == [other, new]
+    assert measured_times.merge([other], new) == [other, new]
+
+
+def test_the_table_is_newest_first_with_minutes_and_chapters_slowest_first():
+    base = {field: "" for field in measured_times.FIELDS} | {"cores": "2", "commands": "c", "tests": "3 passed"}
+    rows = [base | {"cpu": "A", "commit": "a", "date": "2026-11-01", "book_s": "918", "test_s": "59", "chapters_s": "10=508;07=129"},
+            base | {"cpu": "B", "commit": "b", "date": "2026-11-28", "book_s": "60", "test_s": "1474", "chapters_s": "", "note": "n"}]
+    lines = measured_times.render(rows).splitlines()
+    assert len(lines) == 4 and lines[2].startswith("| B (2) | c (n) | `b` | 2026-11-28 | 1 min 0 s | 24 min 34 s | 3 passed | - |")
+    assert lines[3] == "| A (2) | c | `a` | 2026-11-01 | 15 min 18 s | 59 s | 3 passed | 10: 508 s, 07: 129 s |"
+
+
+def test_the_chapters_come_from_the_manifests_executed_notebooks():
+    manifest = {"notebooks": [{"name": "07_corrections.ipynb", "status": "ok", "seconds": 129.4},
+                              {"name": "10_results_training.ipynb", "status": "ok", "seconds": 507.6},
+                              {"name": "12_interventions.ipynb", "status": "failed", "cell": 3}]}
+    times = measured_times.chapter_times(manifest)
+    assert list(times) == ["10", "07"]
+    assert measured_times.format_chapters(times) == "10=508;07=129"
+    assert measured_times.parse_chapters("10=508;07=129") == {"10": 508, "07": 129}
+
+
+@pytest.mark.parametrize(("log", "summary"), [
+    ("x\n===== 1022 passed, 2 skipped in 1411.20s (0:23:31) =====\n", "1022 passed, 2 skipped"),
+    ("===== 7 failed, 1015 passed, 2 skipped, 3 warnings in 1363.0s =====", "7 failed, 1015 passed, 2 skipped, 3 warnings"),
+    ("[book] done\n", ""),
+])
+def test_pytests_closing_line_gives_the_counts(log, summary):
+    assert measured_times.pytest_summary(log) == summary
+
+
+def test_the_cpu_is_the_first_model_name_line():
+    assert measured_times.cpu_model("processor\t: 0\nmodel name\t: AMD EPYC\nprocessor\t: 1\nmodel name\t: AMD EPYC\n") == "AMD EPYC"
+    assert measured_times.cpu_model("processor\t: 0\n") == "unknown CPU"
+
+
+def test_the_markers_must_be_there_once():
+    with pytest.raises(ValueError, match="markers"):
+        measured_times.replace_table("no markers here", "| table |")
