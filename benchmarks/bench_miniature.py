@@ -161,14 +161,16 @@ def ship_seed(out: Path, seed: int, path: Path) -> None:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from qkplast.train.hub import branches, hub_cache, repo_id, snapshot
+    from qkplast.train.model import quiet_loading
 
     staging = out / f"ship-seed{seed}"
     shutil.rmtree(staging, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer", local_files_only=True)
-    for branch in sorted(branches(hub_cache(out), repo_id(seed))):
-        model = LlamaForCausalLM.from_pretrained(snapshot(hub_cache(out), repo_id(seed), branch), dtype=torch.float16)
-        model.save_pretrained(staging / branch)
-        tokenizer.save_pretrained(staging / branch)
+    with quiet_loading():
+        for branch in sorted(branches(hub_cache(out), repo_id(seed))):
+            model = LlamaForCausalLM.from_pretrained(snapshot(hub_cache(out), repo_id(seed), branch), dtype=torch.float16)
+            model.save_pretrained(staging / branch)
+            tokenizer.save_pretrained(staging / branch)
     with tarfile.open(path, "w:xz", preset=9) as tar:
         for item in sorted(staging.rglob("*")):
             info = tar.gettarinfo(str(item), arcname=str(item.relative_to(staging)))
