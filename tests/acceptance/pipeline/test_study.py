@@ -40,19 +40,22 @@ def _qkplast(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
 
 
 def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, wide_dir):
-    # Run "a" gets the timeout signal 15 s into each attempt (30 s limit, 15 s signal delay) and has more
+    # Run "a" gets the timeout signal 30 s into each attempt (60 s limit, 30 s signal delay) and has more
     # windows than one attempt captures, so it spans several attempts, each resuming from the parts on disk:
-    # 60 windows of 1024 tokens with every head planned, so each forward runs to the last layer's attention
+    # 90 windows of 1024 tokens with every head planned, so each forward runs to the last layer's attention
     # (a capture stops at its last planned layer: 5 sampled heads in the first layers made the windows so cheap
     # that a fast machine finished all 40 of them in the first attempt, leaving nothing to resume), about 0.4 s
     # each on an idle core after a few seconds of start-up. Run "b" is small and has its own resources (a second
     # job group); it finishes at once.
-    docs = 60
+    # Each attempt is signalled 30 s after it starts: on a slow machine the start-up (imports, model load, the
+    # parts already written read back) took most of a 15-s attempt, and attempts stopped making progress; 90
+    # windows still take more than one 30-s attempt on a fast idle core.
+    docs = 90
     study = write_yaml(tmp_path / "s.yaml", {
         "name": "requeue", "out": str(tmp_path / "out"),
         "defaults": {"corpus": "stdlib-code", "seq_len": 1024, "bucket_size": 64, "samples_per_bucket": 2,
                      "heads": 32, "docs": docs},
-        "resources": {"timeout_min": 0.5, "signal_delay_s": 15, "max_num_timeout": 15},
+        "resources": {"timeout_min": 1.0, "signal_delay_s": 30, "max_num_timeout": 15},
         "models": [{"id": str(wide_dir), "name": "a"},
                    {"id": str(wide_dir), "name": "b", "seed": 1, "docs": 2, "resources": {"timeout_min": 10}}]})
     r = _qkplast("study", str(study), "--executor", "local", "--stage", "capture")
