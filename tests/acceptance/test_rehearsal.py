@@ -193,18 +193,20 @@ def _prose(n: int, chars: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def readme_run(hub, tmp_path_factory, smoke_training):
+def readme_run(hub, tmp_path_factory, preview_training):
     """The README's thesis-scale commands, run as written but for the model (the tiny Qwen3 at its pinned commit in
     the local hub cache), the corpus (two generated 131072-token documents), ``--docs`` and ``--out``.
 
-    The run directory starts with the session's smoke training under ``RUN/training/``, which chapter 10 reads
-    when it finds a finished training there (its documented reuse; the training itself is tested in
-    tests/*/train): the rehearsal checks the command, not six minutes of the default training again."""
+    The run directory starts with chapter 10's preview, trained and measured once for the session
+    (``preview_training``), under ``RUN/training/miniature``, where chapter 10 finds it finished and reads it
+    (its documented reuse; the training itself is tested in tests/*/train and by the notebooks' tier): the
+    rehearsal checks the command, not six minutes of the preview again."""
     cache, commits, long = hub
     dry, full = readme_commands()
     assert "--dry-run" in dry and "--dry-run" not in full, "the section shows a dry run, then the run"
     out = tmp_path_factory.mktemp("readme") / "run"
-    shutil.copytree(smoke_training[0], out / "training" / "smoke", symlinks=True)
+    shutil.copytree(preview_training, out / "training" / "miniature", symlinks=True,
+                    ignore=shutil.ignore_patterns(".lock"))
     # the stand-in corpus: the two 131072-token documents the capture reads, then shorter ones, as a real corpus
     # has beside them, which chapter 12 needs for its own 512-token windows (geometry, then behaviour)
     corpus = out.parent / "readme.jsonl"
