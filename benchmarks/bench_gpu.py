@@ -83,8 +83,8 @@ CONFIGS = {
              "max_position_embeddings": 32768, "tie_word_embeddings": False},
 }
 #: Notebook grids reduced for the check (each a notebook parameter; the capture is the README's, unchanged).
-REDUCED = {"n_boot": 1000, "n_null": 8, "n_perm": 200, "ks": [5], "window": 8192, "positions": [4608, 7936],
-           "distances": [256, 4096], "seg_len": 16, "copy_windows": 3, "geometry_docs": 4, "n_reseeds": 19,
+REDUCED = {"n_boot": 1000, "n_null": 8, "n_perm": 200, "window": 8192, "positions": [4608, 7936],
+           "distances": [256, 4096], "copy_windows": 3, "n_reseeds": 19,
            "rope_factors": [2.0], "window_factors": [1], "cond_docs": 2, "training": "smoke"}
 #: What the GPU machine's image already holds (the device KINDS.md package list), by normalised name.
 ON_THE_GPU = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
@@ -404,10 +404,10 @@ def main(argv=None) -> int:
         values.update(seq_len=seq_len, bucket_size=seq_len // 16)
     # chapter 12 reads documents of its own beside the run's: the geometry's windows (raised to what the run's
     # sampling needs, qkplast.experiments.grid.geometry_plan) and then the behaviour's
-    from qkplast.experiments.grid import geometry_plan
+    from qkplast.experiments.grid import geometry_plan, load_readings
 
     samples = float(full[full.index("--samples-per-bucket") + 1]) if "--samples-per-bucket" in full else 1.0
-    n_docs = args.docs + geometry_plan(samples, REDUCED["geometry_docs"])[0] + REDUCED["copy_windows"]
+    n_docs = args.docs + geometry_plan(samples, load_readings()["design"]["geometry_docs"])[0] + REDUCED["copy_windows"]
     corpus = make_corpus(args.work / f"corpus-{seq_len}-{n_docs}.jsonl", seq_len, n_docs)
     values["corpus"] = corpus
     out = args.work / f"run-{name}"

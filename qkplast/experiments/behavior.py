@@ -397,6 +397,12 @@ class CopyDesign:
     arrangement (sequence ``s`` pairs position ``i`` with distance ``(i + s) mod n``); sequence 0 holds one
     cell per position, the cells a cheaper measurement (the null head sets of the interventions) reads.
 
+    With ``matched_context`` the near and far cells of a position share their local context: every sequence
+    plants, at every position ``p``, a span at ``p - d`` for *every* distance ``d`` of the design; the span at the
+    cell's distance holds the first copy and the others hold distinct random distractor segments, drawn once per
+    window. Two cells of one position then differ only in which of those spans holds the first copy (and, in
+    the other positions of the sequences, likewise), not in the text around the second copy.
+
     Attributes
     ----------
     window : int
@@ -406,12 +412,15 @@ class CopyDesign:
     positions, distances : tuple of int
         Start of the second copy, and offsets from the first copy's start to it; at most as many positions
         as distances.
+    matched_context : bool
+        Plant a span at every distance at every position (see above); False: only the cells' copies.
     """
 
     window: int = 512
     seg_len: int = 16
     positions: tuple = (288, 480)
     distances: tuple = (32, 256)
+    matched_context: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
@@ -427,6 +436,44 @@ class CopyDesign:
     def cells(self) -> list[tuple[int, int]]:
         return [(p, d) for p in self.positions for d in self.distances]
 
+    def spans(self, s: int) -> list[int]:
+        """Start of every planted span of sequence ``s``: the second copies, and the first copies (with
+        ``matched_context``, a span at every distance before every position)."""
+        if self.matched_context:
+            return sorted(x for p in self.positions for x in (p, *(p - d for d in self.distances)))
+        return sorted(x for p, d in self.sequences()[s] for x in (p - d, p))
+
+    def planted(self, base: np.ndarray, rng: np.random.Generator, candidates: np.ndarray, s: int) -> np.ndarray:
+        """``base`` (one window's tokens) with sequence ``s``'s segments written in.
+
+        Plain design: one random segment per cell of the sequence, distinct across its cells, drawn from
+        ``rng`` (seeded per window and sequence by :func:`copy_cells`). ``matched_context``: the segments of
+        the whole window are drawn once from ``rng`` (seeded per window): position ``i``'s segment ``S_i`` and
+        a distractor ``D_ij`` for every distance ``j``; the span ``p_i - d_j`` holds ``S_i`` at the cell's
+        distance and ``D_ij`` elsewhere, so the sequences of one window differ only inside those spans.
+        """
+        ids = np.array(base[: self.window], dtype=np.int64, copy=True)
+        offsets = np.arange(self.seg_len)
+        cells = self.sequences()[s]
+        if not self.matched_context:
+            segs = rng.choice(candidates, size=(len(cells), self.seg_len), replace=False)  # [pair, seg]
+            for (p, d), seg in zip(cells, segs):
+                ids[p - d + offsets], ids[p + offsets] = seg, seg
+            return ids
+        n_pos, n_dist = len(self.positions), len(self.distances)
+        segs = rng.choice(candidates, size=(n_pos * (1 + n_dist), self.seg_len), replace=False)  # [segment, seg]
+        for i, (p, d_cell) in enumerate(cells):
+            ids[p + offsets] = segs[i]
+            for j, d in enumerate(self.distances):
+                ids[p - d + offsets] = segs[i] if d == d_cell else segs[n_pos + i * n_dist + j]
+        return ids
+
+    def n_segments(self) -> int:
+        """Distinct random segments one planted sequence needs."""
+        if self.matched_context:
+            return len(self.positions) * (1 + len(self.distances))
+        return max(len(seq) for seq in self.sequences())
+
     def check(self) -> None:
         """Every copy inside the window (the first from token 1 on), no two copies of a sequence overlapping."""
         if self.seg_len < 2:
@@ -437,14 +484,16 @@ class CopyDesign:
         if len(self.positions) > len(self.distances):
             raise BehaviorError(f"{len(self.positions)} positions need at least as many distances, got "
                                 f"{len(self.distances)}: add distances or drop positions")
-        for seq in self.sequences():
-            spans = sorted(s for p, d in seq for s in (p - d, p))
+        for s, seq in enumerate(self.sequences()):
+            spans = self.spans(s)
             if spans[0] < 1 or max(p for p, _ in seq) + self.seg_len > self.window:
                 raise BehaviorError(f"the cells {seq} put a copy outside tokens 1..{self.window - 1} of a "
                                     f"{self.window}-token window; use later positions, shorter distances or a longer window")
             if any(b - a < self.seg_len for a, b in zip(spans, spans[1:])):
                 raise BehaviorError(f"the cells {seq} overlap (copies of {self.seg_len} tokens at {spans}); spread the "
-                                    "positions or distances further apart")
+                                    "positions or distances further apart"
+                                    + (" (matched_context plants every distance at every position)"
+                                       if self.matched_context else ""))
 
 
 def document_windows(corpus, tokenizer, length: int, n: int, *, skip: int = 0) -> tuple[list[np.ndarray], list[str]]:
@@ -465,9 +514,10 @@ def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesi
                sequences: Sequence[int] | None = None, n_windows: int | None = None, batch_size: int = 1) -> xr.Dataset:
     """NLL and accuracy of the repeated segment in every cell of ``design``, per window.
 
-    Each sequence of the design plants its segments (random token ids, distinct across the sequence's
-    pairs, drawn with ``default_rng([seed, window, sequence])``, so every condition of an experiment sees
-    the same windows and segments) and is scored in one forward pass: tokens 2..``seg_len`` of each second
+    Each sequence of the design plants its segments (:meth:`CopyDesign.planted`: random token ids, distinct
+    across the sequence's pairs, drawn with ``default_rng([seed, window, sequence])``, or once per window with
+    ``default_rng([seed, window])`` under ``matched_context``, so every condition of an experiment sees the same
+    windows and segments) and is scored in one forward pass: tokens 2..``seg_len`` of each second
     copy, mean NLL (nats per token) and top-1 accuracy.
 
     Parameters
@@ -491,21 +541,17 @@ def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesi
     run = list(range(len(plan))) if sequences is None else [int(s) for s in sequences]
     vocab = int(model.config.get_text_config().vocab_size)
     candidates = _candidate_tokens(tokenizer, vocab)
-    n_pairs = max(len(seq) for seq in plan)
+    n_pairs = design.n_segments()
     if len(candidates) < n_pairs * design.seg_len:
         raise BehaviorError(f"{len(candidates)} candidate tokens cannot fill {n_pairs} segments of {design.seg_len}")
     shape = (len(windows), len(design.positions), len(design.distances))
     nll, acc = np.full(shape, np.nan), np.full(shape, np.nan)
     jobs = []  # (window, sequence, ids, second-copy starts)
-    offsets = np.arange(design.seg_len)
     for w, base in enumerate(windows[:n_windows]):
         for s in run:
-            rng = np.random.default_rng([seed, w, s])
-            ids = np.array(base[: design.window], dtype=np.int64, copy=True)
-            segs = rng.choice(candidates, size=(len(plan[s]), design.seg_len), replace=False)  # [pair, seg]
-            for (p, d), seg in zip(plan[s], segs):
-                ids[p - d + offsets], ids[p + offsets] = seg, seg
-            jobs.append((w, s, ids))
+            # matched context: one draw per window, so every sequence of the window plants the same segments
+            rng = np.random.default_rng([seed, w] if design.matched_context else [seed, w, s])
+            jobs.append((w, s, design.planted(base, rng, candidates, s)))
     dev = _device(model)
     scored = np.arange(1, design.seg_len)
     pi = {p: i for i, p in enumerate(design.positions)}
@@ -527,7 +573,7 @@ def copy_cells(model, tokenizer, windows: Sequence[np.ndarray], design: CopyDesi
         coords={"window": np.arange(len(windows)), "position": list(design.positions),
                 "distance": list(design.distances)},
         attrs={"window_tokens": design.window, "seg_len": design.seg_len, "seed": seed, "scored_tokens": design.seg_len - 1,
-               "sequences": run,
+               "sequences": run, "matched_context": int(design.matched_context),
                "method": "random segments planted twice at set second-copy positions and distances; tokens "
                          "2..seg_len of each second copy scored (mean NLL in nats per token, top-1 accuracy)"},
     )

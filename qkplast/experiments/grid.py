@@ -6,24 +6,30 @@ distances (:class:`qkplast.experiments.behavior.CopyDesign`), scored by the grad
 its top-1 accuracy. Every effect is a difference from the unablated model's own value in the same window
 and cell.
 
-Conditions (:func:`conditions`), for each ``k``: zero-ablation of the ``k`` heads with the lowest and with the
+Conditions (:func:`interventions`), for the ``k`` of the k rule (:func:`pilot_k`): ablation (mean by default:
+the head's output replaced by its mean over reference windows) of the ``k`` heads with the lowest and with the
 highest ``ap_last20`` (measured on windows of the same length as the behaviour's, so geometry and behaviour
 refer to the same positions), each with its own null: ``n_null`` random head sets of the same size and the
 same number of heads in every layer (:func:`matched_random_heads`); and both bias clamps
-(:func:`qkplast.experiments.intervene.clamp_bias`) of the ``k`` heads with the largest ``|bias_strength|``.
+(:func:`qkplast.experiments.intervene.clamp_bias`) of the ``k`` heads with the largest ``|bias_strength|``, the
+key clamp with its null: the same calibrated key clamp on random heads of the same layers, each removing its own
+drift (:func:`calibrate_clamps`).
 The key clamp removes the keys' drift along the drift axis, the bias pathway ``mu_Q^a alpha_K`` of eq. 4.6
 and nothing else of the score; the query clamp sets ``q^a = 0``, which removes the whole ``q^a k^a`` term
 (key content along ``a`` included): it is not a bias-only edit and no reading rests on it.
 
-:func:`readings` turns the thesis's causal readings into contrasts with intervals over windows, p-values
-(the null sets' rank for the ablations, Student's t over windows otherwise), Holm across the readings and
-the verdict rule of :func:`qkplast.stats.decision.verdict`.
+The readings, the decision rule, the k rule, the functional check and the default design are registered in
+``studies/interventions-readings.yaml`` (:func:`load_readings`). :func:`readings` gates each reading on the
+functional check (:func:`functional_check`), sets the targeted statistic against its null sets on the same
+cells and windows (:func:`against_null`, a parametric tail whose rank p is shown beside it), corrects across the
+readings with Holm and words the verdict with :func:`qkplast.stats.decision.verdict`.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,18 +43,19 @@ from qkplast.options import CaptureOptions
 from qkplast.rundir import cached
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.stats.intervals import t_interval
-from qkplast.stats.decision import holm, verdict
+from qkplast.stats.decision import NOT_TESTABLE, holm, verdict
+from qkplast.stats.nulls import null_tail_test, tail_detectable
 
-__all__ = ["Intervention", "interventions", "format_heads", "parse_heads", "matched_random_heads", "run_grid", "cell_effects",
-           "effect_table", "readings", "null_position", "manipulation_checks", "geometry_at_copies",
-           "geometry_plan", "geometry_documents", "plot_cells", "plot_effects", "plot_null",
-           "load_or_geometry", "load_or_run_grid", "load_or_calibrate", "load_or_manipulation_checks", "READINGS", "NO_EFFECT_MARGIN"]
+__all__ = ["Intervention", "interventions", "format_heads", "parse_heads", "matched_random_heads", "clamp_label",
+           "clamp_size", "run_grid", "cell_effects", "effect_table", "readings", "against_null", "null_position",
+           "functional_check", "gate", "working_threshold", "pilot_k", "choose_k", "load_readings", "plasticity_change",
+           "manipulation_checks", "null_clamp_plasticity", "geometry_at_copies", "geometry_plan", "geometry_documents",
+           "plot_cells", "plot_effects", "plot_null", "load_or_geometry", "load_or_run_grid", "load_or_calibrate",
+           "load_or_manipulation_checks", "load_or_pilot", "load_or_mean_outputs", "load_or_null_clamp_plasticity",
+           "READINGS_FILE", "STATISTICS"]
 
 CLAMP_BY = "bias_strength"
 ABLATE_BY = "ap_last20"
-#: equivalence margin of the bias clamp's reading, stated before the data: an NLL change within +-0.02 nats per
-#: token (about 2% in probability of the copied token) is no effect on copying
-NO_EFFECT_MARGIN = 0.02
 
 
 # --------------------------------------------------------------------------- head lists as text
@@ -77,9 +84,10 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
 class Intervention:
     """One intervention of the grid.
 
-    ``kind`` is one of "none", "lowest", "highest", "null lowest", "null highest", "clamp key", "clamp query";
-    a null set measures only ``sequences`` of the design (its first sequence: one cell per position) and, when
-    ``windows`` is set, only the first ``windows`` behaviour windows.
+    ``kind`` is one of "none", "lowest", "highest", "null lowest", "null highest", "clamp key", "clamp query",
+    "null clamp key"; a null set measures every cell of the design (``sequences`` None) and, when ``windows`` is
+    set, only the first ``windows`` behaviour windows. ``clamp`` holds the clamp metrics of a null clamp set
+    (its own calibrated drift, :func:`calibrate_clamps`; the plain metrics when not calibrated).
     """
 
     kind: str
@@ -88,17 +96,25 @@ class Intervention:
     heads: list = field(default_factory=list)
     sequences: tuple | None = None
     windows: int | None = None
+    clamp: xr.Dataset | None = field(default=None, repr=False)
 
     @property
     def mode(self) -> str | None:
-        """The clamp mode ("query" or "key") of a clamp condition, else None."""
-        return self.kind.split()[1] if self.kind.startswith("clamp") else None
+        """The clamp mode ("query" or "key") of a clamp condition or null clamp set, else None."""
+        words = self.kind.split()
+        return words[-1] if "clamp" in words else None
 
-    def context(self, model, metrics, calibrated: dict | None = None):
-        """The intervention as a context manager; a clamp uses ``calibrated[(mode, k)]`` when given."""
+    def context(self, model, metrics, calibrated: dict | None = None, *, ablation: str = "zero", reference=None):
+        """The intervention as a context manager; a clamp uses ``calibrated[(mode, k)]`` when given (a null clamp
+        set its own ``clamp``); an ablation is ``ablation`` ("zero" or "mean" over ``reference``, a
+        :func:`~qkplast.experiments.intervene.head_mean_outputs` array)."""
         if self.mode:
-            return clamp_bias(model, (calibrated or {}).get((self.mode, self.k), metrics), self.heads, mode=self.mode)
-        return ablate_heads(model, self.heads if self.kind != "none" else [])
+            clamp = self.clamp if self.clamp is not None else (calibrated or {}).get((self.mode, self.k), metrics)
+            return clamp_bias(model, clamp, self.heads, mode=self.mode)
+        heads = self.heads if self.kind != "none" else []
+        if ablation == "mean" and heads:
+            return ablate_heads(model, heads, mode="mean", reference=reference)
+        return ablate_heads(model, heads)
 
 
 def matched_random_heads(metrics: xr.Dataset, heads, n_sets: int, seed=0) -> list[list[tuple[int, int]]]:
@@ -121,27 +137,46 @@ def matched_random_heads(metrics: xr.Dataset, heads, n_sets: int, seed=0) -> lis
     return out
 
 
+def clamp_size(metrics: xr.Dataset, heads) -> np.ndarray:
+    """Drift per token a key clamp of ``heads`` removes from each one's key head: ``|key_drift|`` of a calibrated
+    clamp (:func:`qkplast.experiments.calibrate.calibrate_clamp`), else ``|alpha_K|``. ``[head]``."""
+    idx = {(int(la), int(h)): i for i, (la, h) in enumerate(zip(metrics.layer.values, metrics.q_head.values))}
+    rows = [idx[(int(la), int(h))] for la, h in heads]
+    if "key_drift" in metrics:
+        return np.linalg.norm(np.asarray(metrics["key_drift"].values, np.float64)[rows], axis=-1)
+    return np.abs(np.asarray(metrics["alpha_k"].values, np.float64)[rows])
+
+
 def interventions(metrics: xr.Dataset, ks: Sequence[int], n_null: int, seed: int = 0,
-                  null_windows: int | None = None) -> list[Intervention]:
+                  null_windows: int | None = None, calibrated: dict | None = None) -> list[Intervention]:
     """The grid's conditions; the null sets of kind ``K`` for ``k`` use :func:`matched_random_heads` with seed
-    ``[seed, k, 0 (lowest) or 1 (highest)]`` and measure the first ``null_windows`` windows (None: all). A ``k``
-    beyond the model's heads is capped there."""
+    ``[seed, k, 0 (lowest), 1 (highest) or 3 (clamp key)]`` and measure every cell of the first ``null_windows``
+    windows (None: all). The null clamp sets are drawn among heads with a drift axis in the targeted clamp's
+    layers, each clamped on its own drift: ``calibrated[("null key", k, draw)]`` when given
+    (:func:`calibrate_clamps` with ``n_null``), else the plain ``metrics``. The null is the same edit (the bias
+    pathway removed, calibrated the same way) on other heads of the same layers; its size is each head's own (a
+    drift of the targeted heads' size added to heads that have little of it injects a bias they never had, and
+    broke the model in a first execution: ``studies/interventions-readings.yaml``, amendment). A ``k`` beyond the
+    model's heads is capped there."""
     out = [Intervention("none")]
-    finite_bias = metrics.isel(head=np.isfinite(metrics["axis_a"].values).all(-1))
+    finite_bias = metrics.isel(head=np.isfinite(metrics["axis_a"].values).all(-1) & np.isfinite(metrics["alpha_k"].values))
     for k in sorted({min(int(k), metrics.sizes["head"]) for k in ks}):
         for j, kind in enumerate(("lowest", "highest")):
             heads = select_heads(metrics, k, ABLATE_BY, largest=kind == "highest")
             out.append(Intervention(kind, k, heads=heads))
-            out += [Intervention(f"null {kind}", k, r, h, (0,), null_windows)
+            out += [Intervention(f"null {kind}", k, r, h, None, null_windows)
                     for r, h in enumerate(matched_random_heads(metrics, heads, n_null, [seed, k, j]))]
         top = select_heads(finite_bias, min(k, finite_bias.sizes["head"]), CLAMP_BY, largest=True, absolute=True)
         out += [Intervention("clamp key", k, heads=top), Intervention("clamp query", k, heads=top)]
+        out += [Intervention("null clamp key", k, r, h, None, null_windows,
+                             clamp=(calibrated or {}).get(("null key", k, r), metrics))
+                for r, h in enumerate(matched_random_heads(finite_bias, top, n_null, [seed, k, 3]))]
     return out
 
 
 def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesign, ks: Sequence[int], n_null: int,
              seed: int = 0, progress: bool = False, calibrated: dict | None = None, batch_size: int = 1,
-             null_windows: int | None = None) -> xr.Dataset:
+             null_windows: int | None = None, ablation: str = "zero", reference=None) -> xr.Dataset:
     """Copy ``nll``/``acc`` for every condition: dims ``condition, window, position, distance``.
 
     ``windows`` are token arrays (:func:`qkplast.experiments.behavior.document_windows`). Coords on
@@ -149,19 +184,25 @@ def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesi
     ``calibrated`` maps ``(mode, k)`` to the calibrated clamp of that condition. ``batch_size`` sequences go
     through the model in one forward pass (:func:`~qkplast.experiments.behavior.copy_cells`): the same
     values up to float rounding, faster where the hardware has room (2 on two CPU cores). ``null_windows``: the
-    null sets measure only the first that many windows (they are most of the grid's forward passes, and their
-    rank p-value's floor, ``1 / (1 + n_null)``, does not depend on the windows); the targeted sets are compared
-    with them on those windows (:func:`null_position`). None: every window.
+    null sets measure every cell of only the first that many windows (they are most of the grid's forward
+    passes); the targeted sets are compared with them on those windows. None: every window. ``ablation``:
+    "zero", or "mean" with ``reference`` the heads' mean outputs over reference windows
+    (:func:`~qkplast.experiments.intervene.head_mean_outputs`, never the behaviour windows). The grid's
+    ``vocab`` attr (the model's vocabulary) sets the functional check's scale (:func:`functional_check`).
     """
     from qkplast.progress import progress_bar
 
     if null_windows is not None and not 2 <= int(null_windows) <= len(windows):
         raise InterventionError(f"null_windows must be between 2 and the {len(windows)} behaviour windows (an interval "
                                 f"over windows needs two), got {null_windows}")
-    conds = interventions(metrics, ks, n_null, seed, null_windows)
+    if ablation not in ("zero", "mean") or (ablation == "mean") != (reference is not None):
+        raise InterventionError(f"ablation must be 'zero' (no reference) or 'mean' with reference= the heads' mean "
+                                f"outputs (head_mean_outputs), got {ablation!r} with reference "
+                                f"{'given' if reference is not None else 'None'}")
+    conds = interventions(metrics, ks, n_null, seed, null_windows, calibrated)
     parts = []
     for cond in progress_bar(conds, desc="conditions", enabled=progress):
-        with cond.context(model, metrics, calibrated):
+        with cond.context(model, metrics, calibrated, ablation=ablation, reference=reference):
             parts.append(copy_cells(model, tokenizer, windows, design, seed, sequences=cond.sequences,
                                     n_windows=cond.windows, batch_size=batch_size))
     grid = xr.concat(parts, dim="condition")
@@ -169,12 +210,83 @@ def run_grid(model, tokenizer, windows, metrics: xr.Dataset, *, design: CopyDesi
         kind=("condition", [c.kind for c in conds]), k=("condition", [c.k for c in conds]),
         draw=("condition", [c.draw for c in conds]), heads=("condition", [format_heads(c.heads) for c in conds]),
     ).assign_attrs(**{k: v for k, v in parts[0].attrs.items() if k != "sequences"},
-                   model=str(getattr(model.config, "_name_or_path", "")), ablate_by=ABLATE_BY,
+                   model=str(getattr(model.config, "_name_or_path", "")), ablate_by=ABLATE_BY, ablation=ablation,
                    clamp_by=f"|{CLAMP_BY}|", clamp_calibrated=calibrated is not None, n_null=n_null,
+                   vocab=int(model.config.get_text_config().vocab_size),
                    null_windows=len(windows) if null_windows is None else int(null_windows))
 
 
-# --------------------------------------------------------------------------- effects and readings
+# --------------------------------------------------------------------------- the registration and the k rule
+
+
+READINGS_FILE = "interventions-readings.yaml"
+CLAIMS = ("greater", "less")
+
+
+def load_readings(path=None) -> dict:
+    """Chapter 12's registration, ``studies/interventions-readings.yaml`` (or ``path``): readings, rules, design.
+
+    Returns the whole document; ``readings`` maps each key to its ``text``, ``statistic``, ``target`` and ``null_sets``
+    conditions, ``claim`` and optional ``margin``. A reading without those, or with another claim, is an error
+    naming it.
+    """
+    import yaml
+
+    from qkplast.shipped import resource_dir
+
+    path = Path(path) if path is not None else resource_dir("studies") / READINGS_FILE
+    document = yaml.safe_load(Path(path).read_text())
+    for key, spec in document.get("readings", {}).items():
+        missing = [f for f in ("text", "statistic", "target", "null_sets", "claim") if f not in spec]
+        if missing or spec["claim"] not in CLAIMS or key not in STATISTICS:
+            raise InterventionError(f"reading {key!r} of {path}: needs text, statistic, target, null_sets and a claim in "
+                                    f"{CLAIMS}, and a key in {sorted(STATISTICS)} (missing {missing}, claim "
+                                    f"{spec.get('claim')!r})")
+    return document
+
+
+def working_threshold(vocab: int, fraction: float) -> float:
+    """The functional check's threshold: ``fraction * ln V`` nats per token (``ln V``: a uniform guess)."""
+    return float(fraction) * float(np.log(vocab))
+
+
+def pilot_k(model, tokenizer, windows, design: CopyDesign, metrics: xr.Dataset, *, candidates: Sequence[int],
+            n_sets: int, fraction: float, seed: int = 0, ablation: str = "mean", reference=None,
+            batch_size: int = 1) -> xr.Dataset:
+    """The k rule's pilot: copy NLL of ``n_sets`` uniformly random head sets of every candidate ``k``.
+
+    ``windows`` are pilot windows (the geometry's calibration documents, never the behaviour's); set ``s`` of
+    size ``k`` is :func:`~qkplast.experiments.intervene.select_heads` ``by="random"`` with seed ``[seed, k, 2, s]``,
+    ablated as the grid ablates. Returns ``nll`` ``[k, set]`` (mean over cells and windows), the unablated
+    model's ``baseline``, ``heads`` and the attrs ``threshold`` and ``chosen`` (:func:`choose_k`).
+    """
+    def mean_nll(heads):
+        cond = Intervention("pilot" if heads else "none", len(heads), heads=heads)
+        with cond.context(model, metrics, ablation=ablation, reference=reference):
+            return float(copy_cells(model, tokenizer, windows, design, seed, batch_size=batch_size)["nll"].mean())
+
+    ks = sorted({min(int(k), metrics.sizes["head"]) for k in candidates})
+    sets = {k: [select_heads(metrics, k, "random", seed=[seed, k, 2, s]) for s in range(n_sets)] for k in ks}
+    nll = np.array([[mean_nll(h) for h in sets[k]] for k in ks])  # [k, set]
+    threshold = working_threshold(int(model.config.get_text_config().vocab_size), fraction)
+    out = xr.Dataset({"nll": (("k", "set"), nll),
+                      "heads": (("k", "set"), np.array([[format_heads(h) for h in sets[k]] for k in ks]))},
+                     coords={"k": ks, "set": np.arange(n_sets)},
+                     attrs={"baseline": mean_nll([]), "threshold": threshold, "ablation": ablation,
+                            "pilot_windows": len(windows)})
+    out.attrs["chosen"] = choose_k(out)
+    return out
+
+
+def choose_k(pilot: xr.Dataset) -> int:
+    """The largest ``k`` whose median pilot set keeps the model working (mean NLL below the threshold); the
+    smallest candidate when none does (the gates then say the model broke)."""
+    median = np.median(pilot["nll"].values, axis=1)  # [k]
+    ok = pilot.k.values[median < float(pilot.attrs["threshold"])]
+    return int(ok.max()) if ok.size else int(pilot.k.values.min())
+
+
+# --------------------------------------------------------------------------- effects, the functional check, readings
 
 
 def cell_effects(grid: xr.Dataset, var: str = "nll") -> xr.DataArray:
@@ -183,19 +295,82 @@ def cell_effects(grid: xr.Dataset, var: str = "nll") -> xr.DataArray:
     return grid[var] - base
 
 
-def _seq0(design: CopyDesign) -> list[tuple[int, int]]:
-    return design.sequences()[0]
-
-
-def _mean_cells(eff: xr.DataArray, cells) -> xr.DataArray:
-    """Mean over the given (position, distance) cells: dims without position and distance."""
-    return xr.concat([eff.sel(position=p, distance=d) for p, d in cells], "cell").mean("cell")
-
-
 def _design_of(grid: xr.Dataset) -> CopyDesign:
     return CopyDesign(window=int(grid.attrs["window_tokens"]), seg_len=int(grid.attrs["seg_len"]),
                       positions=tuple(int(p) for p in grid.position.values),
-                      distances=tuple(int(d) for d in grid.distance.values))
+                      distances=tuple(int(d) for d in grid.distance.values),
+                      matched_context=bool(int(grid.attrs.get("matched_context", 0))))
+
+
+def _nanmean(x: xr.DataArray, dims) -> xr.DataArray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a null set's unmeasured windows: NaN, not a warning
+        return x.mean(dims, skipna=True)
+
+
+def functional_check(grid: xr.Dataset, fraction: float, var: str = "nll") -> pd.DataFrame:
+    """Whether every condition keeps the model working: its mean copy NLL over the cells and windows it measured
+    below :func:`working_threshold` (``fraction * ln V``, V the grid's ``vocab``). One row per condition."""
+    mean = _nanmean(grid[var], ("window", "position", "distance")).values  # [condition]
+    threshold = working_threshold(int(grid.attrs["vocab"]), fraction)
+    out = pd.DataFrame({"kind": grid.kind.values.astype(str), "k": grid.k.values.astype(int),
+                        "draw": grid.draw.values.astype(int), "mean NLL": mean, "working": mean < threshold})
+    out.attrs.update(threshold=threshold, fraction=fraction, vocab=int(grid.attrs["vocab"]))
+    return out
+
+
+def gate(check: pd.DataFrame, target: str, null: str, k: int) -> str | None:
+    """None when the targeted condition and the median of its null sets keep the model working, else the
+    verdict word "not testable (gate: model broken)" (:data:`qkplast.stats.decision.NOT_TESTABLE`)."""
+    one = check[(check.k == k) | (check.kind == "none")]
+    t = one[one.kind == target]
+    n = one[one.kind == null]
+    broken = (t.empty or not bool(t.working.iloc[0]) or n.empty
+              or not float(np.median(n["mean NLL"])) < float(check.attrs["threshold"]))
+    return f"{NOT_TESTABLE} (gate: model broken)" if broken else None
+
+
+def _statistic(grid: xr.Dataset, key: str, var: str = "nll") -> xr.DataArray:
+    """Reading ``key``'s statistic per condition and window, ``[condition, window]`` (NaN where not measured)."""
+    eff = cell_effects(grid, var)
+    near, far = int(grid.distance.values.min()), int(grid.distance.values.max())
+    if key in ("lowest", "highest"):
+        return eff.mean(("position", "distance"))
+    if key == "selective":
+        return (eff.sel(distance=far) - eff.sel(distance=near)).mean("position")
+    if key == "clamp key":
+        return eff.sel(distance=far).mean("position")
+    raise InterventionError(f"no behavioural statistic for reading {key!r}")
+
+
+#: the readings whose statistic the grid holds (the plasticity reading's comes from the clamp checks)
+STATISTICS = ("lowest", "highest", "selective", "clamp key", "clamp plasticity")
+
+
+def against_null(grid: xr.Dataset, key: str, target: str, null: str, k: int, *, claim: str = "greater",
+                 var: str = "nll", level: float = 0.95) -> dict:
+    """Reading ``key``'s statistic of the ``target`` condition against its ``null`` sets, on the cells and windows
+    every null set measured: :func:`qkplast.stats.nulls.null_tail_test` with the per-window contrast, plus
+    ``target``, ``null`` (per set) and ``per_window``."""
+    stat = _statistic(grid, key, var)
+    t = stat.sel(condition=(grid.kind == target) & (grid.k == k)).isel(condition=0).values  # [window]
+    n = stat.sel(condition=(grid.kind == null) & (grid.k == k)).values  # [set, window]
+    if n.shape[0] < 2:
+        raise InterventionError(f"the grid has {n.shape[0]} null sets for {target!r} at k={k}; run it with n_null >= 2")
+    measured = np.isfinite(n).all(0) & np.isfinite(t)  # [window]: the windows every null set ran
+    t, n = t[measured], n[:, measured]
+    per_window = t - n.mean(0)
+    r = null_tail_test(float(t.mean()), n.mean(1), per_window if per_window.size >= 2 else None,
+                       alternative=claim, level=level)
+    return {**r, "target": float(t.mean()), "null": n.mean(1), "per_window": per_window}
+
+
+def null_position(grid: xr.Dataset, kind: str, k: int, var: str = "nll") -> dict:
+    """Where a targeted ablation's mean effect over every cell falls among its null sets (on the windows they
+    measured): ``target``, ``null`` (per set), ``n_null``, the rank ``p`` ("larger") and its ``floor``."""
+    r = against_null(grid, kind, kind, f"null {kind}", k, var=var)
+    return {"target": r["target"], "null": r["null"], "n_null": r["n_null"], "p": r["p_rank"], "floor": r["floor"],
+            "per_window": r["per_window"]}
 
 
 def effect_table(grid: xr.Dataset, var: str = "nll", level: float = 0.95) -> pd.DataFrame:
@@ -206,7 +381,7 @@ def effect_table(grid: xr.Dataset, var: str = "nll", level: float = 0.95) -> pd.
     eff = cell_effects(grid, var)
     base = grid[var].sel(condition=grid.kind == "none").isel(condition=0)
     rows = []
-    for i in np.flatnonzero(~np.isin(grid.kind.values, ["none", "null lowest", "null highest"])):
+    for i in np.flatnonzero(~(grid.kind.str.startswith("null").values | (grid.kind == "none").values)):
         for p in grid.position.values:
             for d in grid.distance.values:
                 e = eff.isel(condition=i).sel(position=p, distance=d).values  # [window]
@@ -219,99 +394,59 @@ def effect_table(grid: xr.Dataset, var: str = "nll", level: float = 0.95) -> pd.
     return out
 
 
-def null_position(grid: xr.Dataset, kind: str, k: int, var: str = "nll") -> dict:
-    """Where the targeted set's effect falls among its null sets, on the cells and windows every null set measured.
+def plasticity_change(checks: pd.DataFrame, mode: str = "key") -> float:
+    """Mean over a clamp's heads of ``ap_last20`` clamped minus plain (:func:`manipulation_checks`)."""
+    g = checks[checks["mode"] == mode]
+    return float(np.mean(g["ap_last20 clamped"] - g["ap_last20 plain"]))
 
-    The statistic is the mean effect over those windows and the design's first sequence's cells; the one-sided
-    rank p-value of "the targeted set's effect is larger (NLL raised more)" is
-    ``(1 + #{null >= targeted}) / (1 + n_null)``, whose floor is ``1 / (1 + n_null)``. ``per_window`` holds
-    the targeted minus the null mean on each of those windows.
+
+def readings(grid: xr.Dataset, registration: dict | None = None, *, plasticity: dict | None = None,
+             var: str = "nll") -> pd.DataFrame:
+    """The registered readings (:func:`load_readings`) for every ``k``: gate, contrast with its null, interval,
+    p-values, Holm-adjusted p, smallest detectable effect and verdict.
+
+    Each reading's statistic (:func:`_statistic`; for "clamp plasticity" the mean ``ap_last20`` change of the
+    clamped heads, ``plasticity = {"target": float, "null": [set]}`` per k, or ``{k: {...}}``) of its targeted
+    condition is set against the same statistic of its null sets (:func:`against_null`, the parametric tail of
+    :func:`qkplast.stats.nulls.null_tail_test`, its two-sided p decided with, as
+    :func:`~qkplast.stats.decision.verdict` takes it); the one-sided rank p and its floor are shown beside it. A reading whose
+    gate fails (:func:`gate`) reads "not testable (gate: model broken)" and leaves the Holm family; the others
+    form one family (:func:`qkplast.stats.decision.holm`), decided by :func:`qkplast.stats.decision.verdict`. A
+    plasticity reading without ``plasticity`` is left out. ``detectable``: the smallest contrast the reading
+    detects with power 0.8 at level ``alpha / m`` (Holm's first step).
     """
-    cells = _seq0(_design_of(grid))
-    eff = _mean_cells(cell_effects(grid, var), cells)  # [condition, window]
-    target = eff.sel(condition=(grid.kind == kind) & (grid.k == k)).isel(condition=0).values  # [window]
-    null = eff.sel(condition=(grid.kind == f"null {kind}") & (grid.k == k)).values  # [set, window]
-    if null.shape[0] == 0:
-        raise InterventionError(f"the grid has no null sets for {kind!r} at k={k}; run it with n_null > 0")
-    measured = np.isfinite(null).all(0)  # [window]: the windows every null set ran (run_grid's null_windows)
-    target, null = target[measured], null[:, measured]
-    stat, null_stat = float(np.nanmean(target)), np.nanmean(null, axis=1)  # [set]
-    return {"target": stat, "null": null_stat, "n_null": len(null_stat),
-            "p": (1 + int(np.sum(null_stat >= stat))) / (1 + len(null_stat)), "floor": 1 / (1 + len(null_stat)),
-            "per_window": target - np.nanmean(null, axis=0)}
-
-
-def _null_interval(grid: xr.Dataset, kind: str, k: int, var: str, level: float) -> dict:
-    """Targeted minus null-mean effect with an interval for both sources of variation.
-
-    Two sources: the windows (``per_window`` differences, Student's t over windows) and the choice of
-    random sets (the null mean of ``n`` sets varies by ``sd_sets / sqrt(n)``); their variances add.
-    """
-    pos = null_position(grid, kind, k, var)
-    d = pos["per_window"]
-    t = t_interval(d, level)
-    se = float(np.sqrt(t["se"] ** 2 + np.var(pos["null"], ddof=1) / pos["n_null"]))
-    from scipy import stats
-
-    half = float(stats.t.ppf(0.5 + level / 2, max(int(t["n"]) - 1, 1))) * se
-    est = pos["target"] - float(np.mean(pos["null"]))
-    return {"estimate": est, "lo": est - half, "hi": est + half, "p": pos["p"], "floor": pos["floor"],
-            "n_null": pos["n_null"], "rank": int(np.sum(pos["null"] >= pos["target"]))}
-
-
-#: the thesis's causal readings, their contrasts and predicted signs, in the order they are decided
-READINGS = (
-    ("lowest", "ablating the heads with the lowest AP_last20 raises copy NLL more than random heads of the same "
-               "layers (7.5: low-plasticity heads carry long-range retrieval)", "greater"),
-    ("highest", "ablating the heads with the highest AP_last20 raises copy NLL more than random heads of the same "
-                "layers (7.6: high-plasticity heads are necessary)", "greater"),
-    ("selective", "... and selectively at distance: the NLL effect of ablating the highest heads is larger at the far "
-                  "distance than at the near one, the second copy's position held fixed (7.6)", "greater"),
-    ("clamp key", "removing the keys' drift along the drift axis (the bias pathway of eq. 4.6) of the most biased "
-                  "heads lowers copy NLL at the far distance (7.6)", "less"),
-)
-
-
-def readings(grid: xr.Dataset, level: float = 0.95, alpha: float = 0.05, var: str = "nll") -> pd.DataFrame:
-    """The readings of :data:`READINGS` for every ``k``: contrast, interval, p-value, Holm-adjusted p and verdict.
-
-    * ``lowest``/``highest``: targeted minus the mean of its matched null sets on the null's cells; the
-      interval combines the windows and the choice of null sets (:func:`_null_interval`); p is the null
-      sets' rank (its floor ``1/(1 + n_null)`` is in ``p floor``).
-    * ``selective``: for the highest set, effect at the farthest minus at the nearest distance, averaged
-      over second-copy positions (each difference at one position); Student's t over windows.
-    * ``clamp key``: effect of the key clamp at the farthest distance, averaged over positions; Student's t
-      over windows; a whole interval inside +-:data:`NO_EFFECT_MARGIN` is "no effect".
-
-    The verdict (:func:`qkplast.stats.decision.verdict`) needs the interval on the claimed side of zero and
-    the Holm-adjusted p below ``alpha`` across all rows.
-    """
-    eff = cell_effects(grid, var)
-    near, far = int(grid.distance.values.min()), int(grid.distance.values.max())
+    reg = registration if registration is not None else load_readings()
+    level, alpha = float(reg.get("level", 0.95)), float(reg.get("alpha", 0.05))
+    check = functional_check(grid, float(reg["working_fraction"]), var)
     rows = []
     for k in sorted(set(int(x) for x in grid.k.values if x > 0)):
-        one = lambda kind: eff.sel(condition=(grid.kind == kind) & (grid.k == k)).isel(condition=0)  # noqa: E731
-        for key, text, claim in READINGS:
-            row = {"reading": text, "k": k, "claim": claim, "p floor": np.nan, "margin": np.nan}
-            if key in ("lowest", "highest"):
-                r = _null_interval(grid, key, k, var, level)
-                row.update(measure=f"NLL effect({key}) - mean NLL effect({grid.attrs.get('n_null')} matched null sets)",
-                           estimate=r["estimate"], lo=r["lo"], hi=r["hi"], p=r["p"], **{"p floor": r["floor"]})
-            else:
-                if key == "selective":
-                    x = (one("highest").sel(distance=far) - one("highest").sel(distance=near)).mean("position")
-                    row["measure"] = f"NLL effect(highest) at distance {far} - at {near}, same position"
+        for key, spec in reg["readings"].items():
+            if key == "clamp plasticity" and plasticity is None:
+                continue
+            row = {"key": key, "reading": spec["text"], "k": k, "claim": spec["claim"], "measure": spec["statistic"],
+                   "margin": float(spec.get("margin", np.nan)), "gate": gate(check, spec["target"], spec["null_sets"], k)}
+            if row["gate"] is None:
+                if key == "clamp plasticity":
+                    one = plasticity.get(k, plasticity) if isinstance(plasticity, dict) else plasticity
+                    r = null_tail_test(one["target"], one["null"], alternative=spec["claim"], level=level)
                 else:
-                    x = one("clamp key").sel(distance=far).mean("position")
-                    row.update(measure=f"NLL effect(key clamp) at distance {far}", margin=NO_EFFECT_MARGIN)
-                t = t_interval(x.values, level)
-                row.update(estimate=float(t["estimate"]), lo=float(t["lo"]), hi=float(t["hi"]), p=float(t["p"]))
+                    r = against_null(grid, key, spec["target"], spec["null_sets"], k, claim=spec["claim"], var=var,
+                                     level=level)
+                row.update({c: r[c] for c in ("estimate", "lo", "hi", "se", "df", "p", "n_null")},
+                           **{"p rank": r["p_rank"], "p floor": r["floor"]})
             rows.append(row)
-    out = pd.DataFrame(rows)
-    out["p (Holm)"] = holm(out["p"].to_numpy())
-    out["verdict"] = [verdict(e, lo, hi, p, claim=c, margin=None if np.isnan(m) else m, alpha=alpha)
-                      for e, lo, hi, p, c, m in zip(out.estimate, out.lo, out.hi, out["p (Holm)"], out.claim, out.margin)]
-    out.attrs.update(level=level, alpha=alpha, var=var, windows=grid.sizes["window"])
+    out = pd.DataFrame(rows).reindex(columns=["key", "reading", "k", "claim", "measure", "gate", "estimate", "lo", "hi",
+                                              "se", "df", "n_null", "p", "p rank", "p floor", "margin"])
+    out["p (Holm)"] = holm(out["p"].to_numpy(dtype=float))
+    m = int(np.isfinite(out["p"].to_numpy(dtype=float)).sum())
+    out["detectable"] = [tail_detectable(se, df, alpha / m) if m and np.isfinite(se) else np.nan
+                         for se, df in zip(out.se.astype(float), out.df.astype(float))]
+    out["verdict"] = [g if isinstance(g, str) else
+                      verdict(e, lo, hi, p, claim=c, margin=None if np.isnan(mg) else mg, alpha=alpha)
+                      for g, e, lo, hi, p, c, mg in zip(out.gate, out.estimate, out.lo, out.hi, out["p (Holm)"],
+                                                        out.claim, out.margin)]
+    out.attrs.update(level=level, alpha=alpha, var=var, m=m, threshold=check.attrs["threshold"],
+                     windows=int(grid.attrs.get("null_windows", grid.sizes["window"])))
     return out
 
 
@@ -404,6 +539,23 @@ def manipulation_checks(model, tokenizer, documents, capture: xr.Dataset, metric
     return table
 
 
+def null_clamp_plasticity(model, tokenizer, documents, capture: xr.Dataset, metrics: xr.Dataset,
+                          conds: Sequence[Intervention], *, check_docs: Sequence[str],
+                          analysis: dict | None = None) -> xr.Dataset:
+    """The plasticity reading's null: each null clamp set's mean ``ap_last20`` change on the held-out windows.
+
+    Every condition of ``conds`` (the grid's "null clamp key" sets, :func:`interventions`) is re-captured on
+    ``check_docs`` inside its clamp and analysed like the targeted clamp's manipulation check
+    (:func:`manipulation_checks`); ``change`` ``[set]`` is :func:`plasticity_change` of each.
+    """
+    change = [plasticity_change(manipulation_checks(model, tokenizer, documents, capture, metrics, c.heads,
+                                                    calibrated={"key": c.clamp}, check_docs=check_docs,
+                                                    analysis=analysis)) for c in conds]
+    return xr.Dataset({"change": ("set", np.asarray(change, np.float64)),
+                       "heads": ("set", [format_heads(c.heads) for c in conds])},
+                      coords={"set": [c.draw for c in conds]}, attrs={"documents": list(check_docs)})
+
+
 def _capture_settings(capture: xr.Dataset, docs: int) -> CaptureOptions:
     """The settings ``capture`` recorded (``docs`` windows), so a re-capture differs only by the intervention."""
     attrs = capture.attrs
@@ -416,19 +568,27 @@ def _capture_settings(capture: xr.Dataset, docs: int) -> CaptureOptions:
 CALIBRATED = ("axis_a", "alpha_k", "mu_q_a", "bias_strength", "key_drift")
 
 
+def clamp_label(cond: Intervention) -> tuple:
+    """The key of a clamp condition's calibration: ``(mode, k)`` for a targeted clamp, ``("null key", k, draw)``
+    for a null clamp set."""
+    return (cond.mode, cond.k) if cond.draw < 0 else (f"null {cond.mode}", cond.k, cond.draw)
+
+
 def calibrate_clamps(model, tokenizer, documents, capture: xr.Dataset, metrics: xr.Dataset, *, ks: Sequence[int],
-                     calibration_docs: Sequence[str], seed: int = 0) -> dict:
+                     calibration_docs: Sequence[str], seed: int = 0, n_null: int = 0) -> dict:
     """Every clamp condition of the grid calibrated (:func:`qkplast.experiments.calibrate.calibrate_clamp`) on the
     windows of ``calibration_docs`` (documents of ``capture``), at the capture's own sampled positions: one
-    forward pass per condition, each clamped layer measured with the clamped layers below it clamped.
+    forward pass per condition, each clamped layer measured with the clamped layers below it clamped. With
+    ``n_null``, the ``n_null`` null key clamps of :func:`interventions` too, each on its own heads, so that the
+    null is the targeted edit made the same way on other heads.
 
-    Returns ``{(mode, k): calibrated metrics}``.
+    Returns ``{clamp_label(condition): calibrated metrics}`` (:func:`clamp_label`).
     """
     options = _capture_settings(capture, len(calibration_docs))
     chosen = [doc for doc in documents if doc.id in set(calibration_docs)]
     ids, mask = capture_windows(tokenizer, chosen, options)
-    return {(c.mode, c.k): calibrate_clamp(model, metrics, c.heads, ids, mode=c.mode, positions=mask)
-            for c in interventions(metrics, ks, 0, seed) if c.mode}
+    return {clamp_label(c): calibrate_clamp(model, metrics, c.heads, ids, mode=c.mode, positions=mask)
+            for c in interventions(metrics, ks, n_null, seed) if c.mode}
 
 
 # --------------------------------------------------------------------------- figures
@@ -496,7 +656,7 @@ def plot_effects(table: pd.DataFrame):
 
 #: Version of the products this module caches in a run directory (grid, calibration, manipulation checks,
 #: geometry capture): bump it when one of them changes, so a run recomputes it instead of reusing a stale one.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 
 
 def _metrics_key(metrics: xr.Dataset) -> dict:
@@ -506,8 +666,50 @@ def _metrics_key(metrics: xr.Dataset) -> dict:
 
 
 def _calibration_key(calibrated: dict | None):
-    return None if calibrated is None else {f"{mode} {k}": c.attrs.get("clamp_calibration")
-                                            for (mode, k), c in sorted(calibrated.items(), key=str)}
+    return None if calibrated is None else {" ".join(map(str, label)): c.attrs.get("clamp_calibration")
+                                            for label, c in sorted(calibrated.items(), key=str)}
+
+
+def _array_key(x) -> str | None:
+    """A short content hash of an array (a mean-ablation reference) for a cache key."""
+    import hashlib
+
+    if x is None:
+        return None
+    return hashlib.sha1(np.ascontiguousarray(np.asarray(getattr(x, "values", x), np.float64)).tobytes()).hexdigest()[:16]
+
+
+def load_or_mean_outputs(run_dir, model, windows, metrics: xr.Dataset) -> xr.DataArray:
+    """:func:`~qkplast.experiments.intervene.head_mean_outputs` over ``windows`` (the mean ablation's reference),
+    cached in ``run_dir``."""
+    from qkplast.experiments.intervene import head_mean_outputs
+
+    key = {"metrics": _metrics_key(metrics), "windows": [int(np.asarray(w, np.int64).sum() % (2**31)) for w in windows],
+           "model": str(getattr(model.config, "_name_or_path", "")), "schema": SCHEMA_VERSION}
+    ds = cached(run_dir, "interventions-mean-outputs", key,
+                lambda: head_mean_outputs(model, windows).to_dataset(name="mean"))
+    return ds["mean"]
+
+
+def load_or_pilot(run_dir, model, tokenizer, windows, design: CopyDesign, metrics: xr.Dataset, **params) -> xr.Dataset:
+    """:func:`pilot_k`, cached in ``run_dir`` like :func:`load_or_run_grid`."""
+    key = {"metrics": _metrics_key(metrics), "design": design.__dict__,
+           "pilot": {k: (_array_key(v) if k == "reference" else v) for k, v in params.items()},
+           "windows": [int(np.asarray(w, np.int64).sum() % (2**31)) for w in windows], "schema": SCHEMA_VERSION}
+    return cached(run_dir, "interventions-pilot", key,
+                  lambda: pilot_k(model, tokenizer, windows, design, metrics, **params))
+
+
+def load_or_null_clamp_plasticity(run_dir, model, tokenizer, documents, capture: xr.Dataset, metrics: xr.Dataset,
+                                  conds: Sequence[Intervention], *, check_docs: Sequence[str],
+                                  analysis: dict | None = None) -> xr.Dataset:
+    """:func:`null_clamp_plasticity`, cached in ``run_dir``."""
+    key = {"metrics": _metrics_key(metrics), "sets": [format_heads(c.heads) for c in conds],
+           "alpha": [_array_key(c.clamp["alpha_k"]) for c in conds], "check_docs": list(check_docs),
+           "analysis": analysis, "schema": SCHEMA_VERSION}
+    return cached(run_dir, "interventions-null-clamp", key,
+                  lambda: null_clamp_plasticity(model, tokenizer, documents, capture, metrics, conds,
+                                                check_docs=check_docs, analysis=analysis))
 
 
 def load_or_geometry(run_dir, model, tokenizer, documents, options: CaptureOptions, analysis: dict) -> tuple[xr.Dataset, xr.Dataset]:
@@ -535,7 +737,8 @@ def load_or_geometry(run_dir, model, tokenizer, documents, options: CaptureOptio
 def load_or_run_grid(run_dir, model, tokenizer, windows, metrics: xr.Dataset, *, calibrated: dict | None = None,
                      **params) -> xr.Dataset:
     """:func:`run_grid`, cached in ``run_dir`` under a hash of the metrics' provenance, the calibration and ``params``."""
-    key = {"metrics": _metrics_key(metrics), "grid": {k: (v.__dict__ if isinstance(v, CopyDesign) else v)
+    key = {"metrics": _metrics_key(metrics), "grid": {k: (v.__dict__ if isinstance(v, CopyDesign) else
+                                                          _array_key(v) if k == "reference" else v)
                                                       for k, v in params.items()},
            "windows": [int(np.asarray(w, dtype=np.int64).sum() % (2**31)) for w in windows],
            "calibrated": _calibration_key(calibrated), "schema": SCHEMA_VERSION}
@@ -544,29 +747,30 @@ def load_or_run_grid(run_dir, model, tokenizer, windows, metrics: xr.Dataset, *,
 
 
 def load_or_calibrate(run_dir, model, tokenizer, documents, capture: xr.Dataset, metrics: xr.Dataset, *,
-                      ks: Sequence[int], calibration_docs: Sequence[str], seed: int = 0) -> dict:
-    """:func:`calibrate_clamps`, cached in ``run_dir``: the calibrated variables of every (mode, k) in one file."""
-    key = {"metrics": _metrics_key(metrics), "calibration": {"ks": list(ks), "docs": list(calibration_docs), "seed": seed},
-           "schema": SCHEMA_VERSION}
+                      ks: Sequence[int], calibration_docs: Sequence[str], seed: int = 0, n_null: int = 0) -> dict:
+    """:func:`calibrate_clamps`, cached in ``run_dir``: the calibrated variables of every clamp in one file."""
+    key = {"metrics": _metrics_key(metrics), "calibration": {"ks": list(ks), "docs": list(calibration_docs), "seed": seed,
+                                                             "n_null": int(n_null)}, "schema": SCHEMA_VERSION}
 
     def compute():
         cal = calibrate_clamps(model, tokenizer, documents, capture, metrics, ks=ks, calibration_docs=calibration_docs,
-                               seed=seed)
+                               seed=seed, n_null=n_null)
         labels = list(cal)
         return xr.Dataset(
             {name: (("clamp", *metrics[name].dims) if name in metrics else ("clamp", "head", "dim"),
                     np.stack([cal[c][name].values for c in labels])) for name in CALIBRATED},
-            coords={"clamp_mode": ("clamp", [m for m, _ in labels]), "clamp_k": ("clamp", [k for _, k in labels])},
+            coords={"clamp_mode": ("clamp", [c[0] for c in labels]), "clamp_k": ("clamp", [c[1] for c in labels]),
+                    "clamp_draw": ("clamp", [c[2] if len(c) > 2 else -1 for c in labels])},
             attrs={"calibration": [cal[c].attrs["clamp_calibration"] for c in labels]})
 
     ds = cached(run_dir, "clamp-calibration", key, compute)
     out = {}
-    for i, (mode, k) in enumerate(zip(ds.clamp_mode.values, ds.clamp_k.values)):
+    for i, (mode, k, draw) in enumerate(zip(ds.clamp_mode.values, ds.clamp_k.values, ds.clamp_draw.values)):
         one = metrics.copy()
         for name in CALIBRATED:
             one[name] = (ds[name].dims[1:], ds[name].values[i])
         one.attrs = dict(metrics.attrs, clamp_calibration=ds.attrs["calibration"][i])
-        out[(str(mode), int(k))] = one
+        out[(str(mode), int(k)) if int(draw) < 0 else (str(mode), int(k), int(draw))] = one
     return out
 
 

@@ -130,3 +130,48 @@ def test_passkey_prompt_layout(llama, tokenizer):
     assert (np.diff(ds.distance.values, axis=1) < 0).all()  # deeper needle, closer to the question
     with pytest.raises(BehaviorError, match="fractions"):
         passkey_by_depth(llama, tokenizer, _docs(), [1.5], windows=1, seq_len=128)
+
+
+def test_matched_context_cells_differ_only_in_which_span_holds_the_first_copy():
+    from qkplast.experiments.behavior import CopyDesign
+
+    design = CopyDesign(window=256, seg_len=16, positions=(160, 240), distances=(32, 128), matched_context=True)
+    base = np.arange(256) % 11
+    cand = np.arange(100, 400)
+    seqs = [design.planted(base, np.random.default_rng([0, 3]), cand, s) for s in range(2)]
+    spans = design.spans(0)
+    assert spans == design.spans(1) == [32, 112, 128, 160, 208, 240]
+    inside = np.zeros(256, bool)
+    for x in spans:
+        inside[x: x + 16] = True
+    np.testing.assert_array_equal(seqs[0][~inside], base[~inside])  # natural text untouched outside the spans
+    np.testing.assert_array_equal(seqs[0][~inside], seqs[1][~inside])  # the two sequences differ only inside them
+    for s, cells in enumerate(design.sequences()):
+        for p, d in cells:
+            seg = seqs[s][p: p + 16]
+            np.testing.assert_array_equal(seqs[s][p - d: p - d + 16], seg)  # the first copy at the cell's distance
+            other = [dd for dd in design.distances if dd != d][0]
+            assert not set(seqs[s][p - other: p - other + 16]) & set(seg)  # a distractor at the other distance
+        # the second copy at each position is the same segment in both sequences: its local context is matched
+    np.testing.assert_array_equal(seqs[0][160:176], seqs[1][160:176])
+    np.testing.assert_array_equal(seqs[0][240:256], seqs[1][240:256])
+    # the design refuses spans that overlap once every distance is planted at every position
+    with pytest.raises(BehaviorError, match="matched_context"):
+        CopyDesign(window=256, seg_len=16, positions=(144, 240), distances=(16, 112), matched_context=True)
+
+
+def test_matched_context_keeps_the_scoring(llama, tokenizer):
+    from qkplast.experiments.behavior import CopyDesign, copy_cells, token_scores
+
+    design = CopyDesign(window=96, seg_len=6, positions=(44, 88), distances=(10, 30), matched_context=True)
+    windows = [np.arange(96) % 50 + 3, (np.arange(96) * 7) % 50 + 3]
+    out = copy_cells(llama, tokenizer, windows, design, seed=2)
+    assert out.attrs["matched_context"] == 1 and np.isfinite(out.nll).all()
+    # one cell recomputed by hand from the planted sequence: the scores are the repeat's tokens 2..seg_len
+    from qkplast.experiments.behavior import _candidate_tokens
+
+    cand = _candidate_tokens(tokenizer, llama.config.vocab_size)
+    ids = design.planted(windows[1], np.random.default_rng([2, 1]), cand, 1)
+    (p, d) = design.sequences()[1][0]
+    nll, _ = token_scores(llama, torch.as_tensor(ids[None]), torch.as_tensor(np.arange(p + 1, p + 6)[None]))
+    assert float(out.nll.sel(position=p, distance=d)[1]) == pytest.approx(float(nll.mean()), rel=1e-6)

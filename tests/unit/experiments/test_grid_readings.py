@@ -29,6 +29,23 @@ def test_null_sets_have_the_size_and_layer_mix_of_the_targeted_set():
     assert qx.matched_random_heads(metrics, target, 3, seed=[1, 2]) == sets[:3]  # seeded per set
 
 
+def test_registration_file_holds_every_rule_the_chapter_reads():
+    assert list(REG["readings"]) == ["lowest", "highest", "selective", "clamp key", "clamp plasticity"]
+    for field in ("decision_rule", "gate", "working_fraction", "k_rule", "k_candidates", "n_pilot_sets", "ablation",
+                  "design", "alpha"):
+        assert field in REG
+    d = REG["design"]
+    CopyDesign(window=d["window"], seg_len=d["seg_len"], positions=tuple(d["positions"]),
+               distances=tuple(d["distances"]), matched_context=d["matched_context"])  # the registered cells fit
+
+
+def test_a_reading_without_its_fields_is_refused(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("readings:\n  lowest: {text: t, statistic: s, target: lowest, claim: greater}\n")
+    with pytest.raises(QkplastError, match="'lowest'.*null_sets"):
+        qx.load_readings(bad)
+
+
 def test_copy_design_layout_and_refusals():
     d = CopyDesign()
     assert d.sequences() == [[(288, 32), (480, 256)], [(288, 256), (480, 32)]]
@@ -48,15 +65,21 @@ def test_geometry_plan_scales_the_windows_to_the_sampling():
         qx.geometry_plan(8, 1)
 
 
-def synthetic_grid(n_windows=8, n_null=20, lowest=0.5, highest=0.0, far_extra=0.3, key=-0.0001, seed=0):
+REG = qx.load_readings()
+
+
+def synthetic_grid(n_windows=8, n_null=20, lowest=0.5, highest=0.0, far_extra=0.3, null_far_extra=0.0, key=-0.0001,
+                   null_windows=None, base_nll=1.0, broken=(), seed=0):
     """A grid with planted effects (NLL): lowest raises NLL by ``lowest`` everywhere, highest by ``highest`` plus
-    ``far_extra`` at the far distance; null sets by 0.1 +- noise; the key clamp by ``key``."""
+    ``far_extra`` at the far distance; null ablation sets by 0.1 +- noise (plus ``null_far_extra`` at the far
+    distance); null clamp sets by 0 +- noise, the key clamp by ``key``; kinds in ``broken`` by 20 nats. Null sets
+    measure every cell of the first ``null_windows`` windows (None: all)."""
     rng = np.random.default_rng(seed)
     design = CopyDesign()
-    kinds = ["none", "lowest"] + ["null lowest"] * n_null + ["highest"] + ["null highest"] * n_null + ["clamp key",
-                                                                                                        "clamp query"]
+    kinds = (["none", "lowest"] + ["null lowest"] * n_null + ["highest"] + ["null highest"] * n_null
+             + ["clamp key", "clamp query"] + ["null clamp key"] * n_null)
     n = len(kinds)
-    base = 1.0 + 0.2 * rng.normal(size=(n_windows, 2, 2))  # [window, position, distance]
+    base = base_nll + 0.2 * rng.normal(size=(n_windows, 2, 2))  # [window, position, distance]
     nll = np.repeat(base[None], n, 0) + 0.01 * rng.normal(size=(n, n_windows, 2, 2))
     far = np.array([0.0, 1.0])[None, None, :]
     for i, kind in enumerate(kinds):
@@ -64,36 +87,75 @@ def synthetic_grid(n_windows=8, n_null=20, lowest=0.5, highest=0.0, far_extra=0.
             nll[i] += lowest
         elif kind == "highest":
             nll[i] += highest + far_extra * far
-        elif kind.startswith("null"):
-            nll[i] += 0.1 + 0.02 * rng.normal()
-            seq0 = np.zeros((2, 2), bool)
-            seq0[0, 0] = seq0[1, 1] = True  # (288, 32) and (480, 256): the cells of the first sequence
-            nll[i][:, ~seq0] = np.nan
+        elif kind in ("null lowest", "null highest"):
+            nll[i] += 0.1 + 0.02 * rng.normal() + null_far_extra * far
+        elif kind == "null clamp key":
+            nll[i] += 0.002 * rng.normal()
         elif kind == "clamp key":
             nll[i] = nll[0] + key
+        if kind in broken:
+            nll[i] += 20.0
+        if kind.startswith("null") and null_windows is not None:
+            nll[i][null_windows:] = np.nan
     return xr.Dataset(
-        {"nll": (("condition", "window", "position", "distance"), nll), "acc": (("condition", "window", "position", "distance"), np.zeros_like(nll))},
+        {"nll": (("condition", "window", "position", "distance"), nll),
+         "acc": (("condition", "window", "position", "distance"), np.zeros_like(nll))},
         coords={"kind": ("condition", kinds), "k": ("condition", [0] + [16] * (n - 1)),
                 "draw": ("condition", [-1] * n), "heads": ("condition", [""] * n), "window": np.arange(n_windows),
                 "position": list(design.positions), "distance": list(design.distances)},
-        attrs={"window_tokens": design.window, "seg_len": design.seg_len, "n_null": n_null})
+        attrs={"window_tokens": design.window, "seg_len": design.seg_len, "n_null": n_null, "vocab": 49152})
 
 
 def test_readings_follow_the_planted_effects_and_the_rule():
+    r = qx.readings(synthetic_grid(), REG).set_index("key")
+    assert list(r.index) == ["lowest", "highest", "selective", "clamp key"]  # no plasticity given: left out
+    assert r.attrs["m"] == 4 and r.gate.isna().all()
+    assert r.loc["lowest"].estimate == pytest.approx(0.4, abs=0.02)  # 0.5 over the nulls' 0.1
+    # the rank p sits at its floor and could not pass Holm across four readings; the parametric tail can
+    assert r.loc["lowest", "p rank"] == pytest.approx(1 / 21) == r.loc["lowest", "p floor"]
+    assert r.loc["lowest", "p (Holm)"] < 0.05 and r.loc["lowest"].verdict == "supported"
+    # the highest set's far-minus-near contrast (0.3) against the null sets' (0): supported
+    assert r.loc["selective"].estimate == pytest.approx(0.3, abs=0.02) and r.loc["selective"].verdict == "supported"
+    # a key clamp no different from its null clamps, tightly: no effect (inside the registered margin)
+    assert r.loc["clamp key"].verdict == "no effect"
+    assert (r.detectable > 0).all() and (r.lo < r.estimate).all() and (r.estimate < r.hi).all()
+
+
+def test_the_distance_contrast_is_read_against_the_nulls_distance_contrast():
+    # the null sets show the same far-minus-near rise as the highest set: the distance effect is not the heads'
+    same = qx.readings(synthetic_grid(far_extra=0.3, null_far_extra=0.3), REG).set_index("key").loc["selective"]
+    assert abs(same.estimate) < 0.03 and same.verdict != "supported"
+    # the highest set without any distance effect, the null sets with one: contradicted
+    less = qx.readings(synthetic_grid(far_extra=0.0, null_far_extra=0.3), REG).set_index("key").loc["selective"]
+    assert less.estimate == pytest.approx(-0.3, abs=0.03) and less.verdict == "contradicted"
+
+
+def test_a_broken_condition_gates_its_readings_out_of_the_family():
+    grid = synthetic_grid(broken=("highest",))
+    check = qx.functional_check(grid, REG["working_fraction"])
+    assert check.attrs["threshold"] == pytest.approx(0.5 * np.log(49152))
+    assert list(check.kind[~check.working]) == ["highest"]
+    r = qx.readings(grid, REG).set_index("key")
+    for key in ("highest", "selective"):
+        assert r.loc[key].verdict == "not testable (gate: model broken)" and np.isnan(r.loc[key].p)
+    assert r.attrs["m"] == 2 and r.loc["lowest"].verdict == "supported"  # the family holds the other two
+    # the median null set broken gates too, whatever the targeted set does
+    r = qx.readings(synthetic_grid(broken=("null lowest",)), REG).set_index("key")
+    assert r.loc["lowest"].verdict.startswith("not testable")
+    # a k pilot whose median set at 16 is broken chooses 8
+    pilot = xr.Dataset({"nll": (("k", "set"), [[1.0, 1.2, 9.0], [2.0, 3.0, 8.0], [4.0, 6.0, 7.0]])},
+                       coords={"k": [4, 8, 16]}, attrs={"threshold": 5.4})
+    assert qx.choose_k(pilot) == 8
+    assert qx.choose_k(pilot.assign(nll=pilot.nll + 10)) == 4  # none works: the smallest, and the gates say so
+
+
+def test_plasticity_reading_against_its_null_clamps():
     grid = synthetic_grid()
-    r = qx.readings(grid).set_index("measure")
-    lowest = r.iloc[0]
-    assert lowest.estimate == pytest.approx(0.4, abs=0.02)  # 0.5 over the null's 0.1
-    assert lowest.p == pytest.approx(1 / 21) and lowest["p floor"] == pytest.approx(1 / 21)
-    # with 20 null sets the rank p cannot survive Holm across four readings: left open, however large the effect
-    assert lowest["p (Holm)"] > 0.05 and lowest.verdict == "left open"
-    selective = r.iloc[2]
-    assert selective.estimate == pytest.approx(0.3, abs=0.02) and selective.verdict == "supported"
-    key = r.iloc[3]
-    assert key.verdict == "no effect"  # a tight null inside the margin stated in advance
-    # 100 null sets: the rank p can pass the correction
-    wide = qx.readings(synthetic_grid(n_null=100)).iloc[0]
-    assert wide["p (Holm)"] < 0.05 and wide.verdict == "supported"
+    null = np.random.default_rng(3).normal(0.01, 0.005, 20)
+    r = qx.readings(grid, REG, plasticity={"target": 0.08, "null": null}).set_index("key")
+    assert r.attrs["m"] == 5 and r.loc["clamp plasticity"].verdict == "supported"
+    r = qx.readings(grid, REG, plasticity={"target": 0.012, "null": null}).set_index("key")
+    assert r.loc["clamp plasticity"].verdict == "left open"
 
 
 def test_null_position_ranks_the_targeted_set_among_its_nulls():
@@ -108,20 +170,14 @@ def test_null_position_ranks_the_targeted_set_among_its_nulls():
 
 
 def test_targeted_sets_meet_their_nulls_on_the_windows_the_nulls_measured():
-    # null sets measured on the first 3 of 8 windows (run_grid's null_windows); the lowest set's effect is planted
-    # 0.5 there and 5.0 on the other windows, which the comparison with the nulls must not read
-    grid = synthetic_grid()
-    is_null = np.char.startswith(grid.kind.values.astype(str), "null")
+    # null sets measured on the first 3 of 8 windows; the lowest set's effect is planted 0.5 there and 5.0 on the
+    # other windows, which the comparison with the nulls must not read
+    grid = synthetic_grid(null_windows=3)
     nll = grid.nll.values.copy()
-    nll[is_null, 3:] = np.nan
     nll[list(grid.kind.values).index("lowest"), 3:] += 4.5
     part = grid.copy(data={"nll": nll, "acc": grid.acc.values})
     pos = qx.null_position(part, "lowest", 16)
     assert len(pos["per_window"]) == 3 and np.isfinite(pos["null"]).all()
     assert pos["target"] == pytest.approx(0.5, abs=0.02)  # over the unablated model, on windows 0-2 only
-    r = qx.readings(part).set_index("measure").iloc[0]
+    r = qx.readings(part, REG).set_index("key").loc["lowest"]
     assert r.estimate == pytest.approx(0.4, abs=0.02)  # 0.5 over the nulls' 0.1, not pulled up by windows 3-7
-    full = qx.readings(grid).set_index("measure").iloc[0]
-    assert r.hi - r.lo > full.hi - full.lo  # fewer windows: a wider interval (t with 2 degrees of freedom, not 7)
-    # the other readings keep every window: the key clamp's interval is the full grid's
-    assert qx.readings(part).iloc[3][["lo", "hi"]].tolist() == qx.readings(grid).iloc[3][["lo", "hi"]].tolist()
