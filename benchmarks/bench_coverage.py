@@ -18,13 +18,31 @@ each interval method's end points compared with the truth:
 * for ``ap_drop`` and its four parts (:mod:`qkplast.analysis.decompose`): jackknife-t over documents with
   each leave-one-out capture re-analysed whole with its share of the whole capture's key pairs, plain and
   bias-corrected, and the policy's interval (:func:`qkplast.stats.bootstrap.document_interval`, the interval
-  the book reports for the parts: below 8 documents with each pair of documents left out as well).
+  the book reports for the parts: below 8 documents with each pair of documents left out as well);
+* for ``ap_drop`` under Definition 4.3's prefix weighting of key pairs (``pair_weight="prefix"``, chapter 07
+  item 11; quantity ``ap_drop (prefix)``): the bootstrap's jackknife intervals.
+
+Every jackknife interval (the policy's among them) is computed on the scale of its quantity's range
+(:data:`qkplast.stats.bootstrap.RANGES`: logit for the [0, 1] aggregates, Fisher's z for AP_drop, the parts'
+ranges likewise) and mapped back; ``policy (unbounded)`` is the same interval on the original scale, the
+policy before it respected ranges, for comparison. Extra quantities a caller wants covered plug in through
+:data:`EXTRA_STATISTICS` (name -> ``(statistic(capture, pairs=None), range)``, given the policy's interval by
+:func:`qkplast.stats.bootstrap.document_interval`; its truth from the large capture).
 
 The table goes to ``data/coverage.csv`` (one row per world, document count, quantity and method: coverage,
-its binomial standard error, the share of misses below and above, mean width), each world's truth to
+its binomial standard error, the share of misses below and above, mean width; ``run``: ``this``, or ``earlier`` for
+rows kept by ``--merge``), each world's truth to
 ``data/coverage_truth.csv`` (computed once, reused by later runs with the same ``--truth-docs``). Not part of the book build:
 
-    python benchmarks/bench_coverage.py [--replicates 500] [--first-replicate 0] [--docs 4 8 16] [--workers 2]
+    python benchmarks/bench_coverage.py [--replicates 10] [--first-replicate 0] [--docs 4 8 16] [--workers 2]
+
+The default (10 captures per cell) is a smoke run of a few minutes: one capture with 1000 bootstrap replicates took
+11 s at 4 documents, 6 s at 8 and 14 s at 16 (one core, busy machine), so 10 captures of 2 worlds at 3 document
+counts are about 5 minutes with 2 workers. A table to choose by needs hundreds of captures per cell: the stored one
+rests on the runs chapter 07 names (``--replicates``, ``--first-replicate``, ``--raw`` and ``--from-raw`` split
+them; ``--n-boot 2`` measures only the jackknife intervals, the policy's among them, at about half the cost: 2.5 s,
+3.7 s and 7 s a capture on the same machine, and ``--merge data/coverage.csv`` keeps the stored rows it does not
+measure).
 
 Each replicate runs single-threaded in its own process; ``--workers`` processes run at once.
 """
@@ -55,8 +73,18 @@ BOOT_METHODS = {"policy": ("lo", "hi"), "basic": ("lo_basic", "hi_basic"), "perc
                 "BCa": ("lo_bca", "hi_bca"), "jackknife-t": ("lo_jackknife_t", "hi_jackknife_t"),
                 "bias-corrected jackknife-t": ("lo_jackknife_bc", "hi_jackknife_bc"),
                 "bias-corrected jackknife-t, two-level se": ("lo_jackknife_bc2", "hi_jackknife_bc2")}
+#: the methods read from the bootstrap's replicates; left out with ``--n-boot`` below :data:`MIN_REPLICATES` (a run
+#: of the jackknife intervals only), and their code unchanged since the stored table's earlier rows (``--merge``)
+REPLICATE_METHODS = ("basic", "percentile", "BCa")
+MIN_REPLICATES = 100
 #: the AP_drop parts' methods (each left-out capture re-analysed); "policy (re-analysed)" is what the book reports
 PART_METHODS = ("jackknife-t (re-analysed)", "bias-corrected jackknife-t (re-analysed)", "policy (re-analysed)")
+#: the bootstrap's jackknife intervals of AP_drop under the prefix weighting (item 11 of chapter 07)
+PREFIX_METHODS = {k: BOOT_METHODS[k] for k in ("policy", "jackknife-t", "bias-corrected jackknife-t",
+                                               "bias-corrected jackknife-t, two-level se")}
+#: further model-level statistics to cover: name -> (statistic(capture, pairs=None) -> float, (lo, hi) or None);
+#: empty here, a hook for quantities defined above the stats layer
+EXTRA_STATISTICS: dict = {}
 
 
 def _quiet():
@@ -66,9 +94,16 @@ def _quiet():
     torch.set_num_threads(1)
 
 
+#: quantities added to the truth after the stored one was computed: computed alone for a world whose stored truth
+#: lacks them (with :data:`EXTRA_STATISTICS`), the rest of the row reused
+LATE_TRUTHS = ("ap_drop (prefix)",)
+
+
 def truth(args) -> dict[str, float]:
-    """A world's quantities from one capture of ``n_docs`` documents with key-pair draw ``seed``."""
-    world, n_docs, seed = args
+    """A world's quantities from one capture of ``n_docs`` documents with key-pair draw ``seed`` (only those in
+    ``only`` when it is not None)."""
+    world, n_docs, seed, only = args
+    want = lambda name: only is None or name in only  # noqa: E731
     _quiet()
     from qkplast.analysis.decompose import model_level_terms
     from qkplast.options import AnalysisOptions
@@ -77,8 +112,13 @@ def truth(args) -> dict[str, float]:
 
     cap, _ = planted_capture(n_docs=n_docs, seed=10**6, **WORLDS[world])
     opt = AnalysisOptions(seed=seed)
-    row = model_level(cap, opt)
-    row.update({f"{k} (parts)": v for k, v in model_level_terms(cap, opt).items()})
+    row = {}
+    if only is None:
+        row.update(model_level(cap, opt))
+        row.update({f"{k} (parts)": v for k, v in model_level_terms(cap, opt).items()})
+    if want("ap_drop (prefix)"):
+        row["ap_drop (prefix)"] = model_level(cap, AnalysisOptions(seed=seed, pair_weight="prefix"))["ap_drop"]
+    row.update({name: float(f(cap)) for name, (f, _) in EXTRA_STATISTICS.items() if want(name)})
     return {"world": world, **row}
 
 
@@ -88,30 +128,53 @@ def one_replicate(args) -> list[dict]:
     _quiet()
     from qkplast.analysis.decompose import model_level_terms
     from qkplast.options import AnalysisOptions
-    from qkplast.stats.bootstrap import bootstrap, document_interval
-    from qkplast.stats.intervals import jackknife_t
+    from qkplast.stats.bootstrap import bootstrap, document_interval, metric_bounds
+    from qkplast.stats.intervals import jackknife_t, policy_interval
     from qkplast.theory.planted import planted_capture
 
     cap, _ = planted_capture(n_docs=n_docs, seed=1000 * n_docs + r, **WORLDS[world])
     row = dict(world=world, docs=n_docs, replicate=r)
     rows = []
-    boot = None if parts_only else bootstrap(cap, n_boot=n_boot, seed=r)
-    for metric in BOOT_METRICS if boot is not None else ():
-        b = boot.sel(metric=metric)
-        for method, (lo, hi) in BOOT_METHODS.items():
-            rows.append({**row, "quantity": metric, "method": method, "policy": boot.attrs["interval"],
-                         "estimate": float(b.estimate), "lo": float(b[lo]), "hi": float(b[hi])})
+    if not parts_only:
+        methods = {k: v for k, v in BOOT_METHODS.items() if n_boot >= MIN_REPLICATES or k not in REPLICATE_METHODS}
+        rows += _boot_rows(bootstrap(cap, n_boot=n_boot, seed=r), row, BOOT_METRICS, methods, "")
+        # AP_drop under Definition 4.3's weighting: only the jackknife intervals are read, so 2 replicates
+        prefix = bootstrap(cap, n_boot=2, seed=r, options=AnalysisOptions(pair_weight="prefix"))
+        rows += _boot_rows(prefix, row, ("ap_drop",), PREFIX_METHODS, " (prefix)")
     # AP_drop and its parts: a jackknife whose every capture is re-analysed whole (each keeping its share of the
-    # whole capture's key pairs), plain, around the bias-corrected estimate, and the policy's interval
+    # whole capture's key pairs), plain, around the bias-corrected estimate, and the policy's interval, each on
+    # the scale of its part's range
     opt = AnalysisOptions()
+    bounds = metric_bounds(PART_QUANTITIES)
     parts = document_interval(cap, lambda c, pairs=None: [model_level_terms(c, opt, pairs=pairs)[q] for q in PART_QUANTITIES],
-                              pairs_of=opt)
-    plain = jackknife_t(parts["point"], parts["jackknife"])
-    corrected = jackknife_t(parts["point"], parts["jackknife"], bias_correct=True)
-    for method, res in zip(PART_METHODS, (plain, corrected, parts)):
+                              pairs_of=opt, bounds=bounds)
+    plain = jackknife_t(parts["point"], parts["jackknife"], bounds=bounds)
+    corrected = jackknife_t(parts["point"], parts["jackknife"], bias_correct=True, bounds=bounds)
+    free = policy_interval(parts["point"], parts["jackknife"], parts["jackknife2"])
+    for method, res in zip(PART_METHODS + (unbounded_name(PART_METHODS[-1]),), (plain, corrected, parts, free)):
         for i, q in enumerate(PART_QUANTITIES):
             rows.append({**row, "quantity": q + " (parts)", "method": method, "policy": parts["interval"],
                          "estimate": float(parts["point"][i]), "lo": float(res["lo"][i]), "hi": float(res["hi"][i])})
+    for name, (statistic, rng) in EXTRA_STATISTICS.items():
+        ci = document_interval(cap, statistic, bounds=rng)
+        rows.append({**row, "quantity": name, "method": "policy (re-analysed)", "policy": ci["interval"],
+                     "estimate": float(ci["point"]), "lo": float(ci["lo"]), "hi": float(ci["hi"])})
+    return rows
+
+
+def _boot_rows(boot, row: dict, metrics, methods: dict, suffix: str) -> list[dict]:
+    """One row per metric and method of a bootstrap, and the policy's interval on the original scale beside them."""
+    from qkplast.stats.intervals import policy_interval
+
+    two = boot.jackknife2.values.T if boot.attrs["interval"] == "jackknife_bc2" else None
+    free = policy_interval(boot.estimate.values, boot.jackknife.values.T, two)  # the policy without the ranges
+    rows = []
+    for metric in metrics:
+        b, i = boot.sel(metric=metric), list(boot.metric.values).index(metric)
+        ends = {**{m: (float(b[lo]), float(b[hi])) for m, (lo, hi) in methods.items()},
+                unbounded_name("policy"): (float(free["lo"][i]), float(free["hi"][i]))}
+        rows += [{**row, "quantity": metric + suffix, "method": m, "policy": boot.attrs["interval"],
+                  "estimate": float(b.estimate), "lo": lo, "hi": hi} for m, (lo, hi) in ends.items()]
     return rows
 
 
@@ -132,13 +195,40 @@ def coverage_table(raw: pd.DataFrame, true: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def unbounded_name(method: str) -> str:
+    """The name of a jackknife method's interval on the original scale: ``policy`` -> ``policy (unbounded)``,
+    ``policy (re-analysed)`` -> ``policy (re-analysed, unbounded)``."""
+    return method[:-1] + ", unbounded)" if method.endswith(")") else method + " (unbounded)"
+
+
+def merge_earlier(table: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the rows of ``earlier`` in cells ``table`` lacks, marked run='earlier'.
+
+    A stored table older than the ranges (no ``run`` column) measured the jackknife intervals on the original
+    scale: its rows of those methods are renamed :func:`unbounded_name`; the replicates' methods keep their names.
+    """
+    key = ["world", "docs", "quantity", "method"]
+    old = earlier.copy()
+    if "run" not in old:
+        jack = ~old.method.isin(REPLICATE_METHODS)
+        old.loc[jack, "method"] = old.loc[jack, "method"].map(unbounded_name)
+    old = old.assign(run="earlier")
+    old = old.merge(table[key], on=key, how="left", indicator=True)
+    old = old[old._merge == "left_only"].drop(columns="_merge")
+    return pd.concat([table, old[table.columns.intersection(old.columns)]], ignore_index=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--replicates", type=int, default=500)
+    ap.add_argument("--replicates", type=int, default=10)
     ap.add_argument("--first-replicate", type=int, default=0,
                     help="replicate numbers start here (a confirmation run on captures no earlier run used)")
     ap.add_argument("--docs", type=int, nargs="+", default=[4, 8, 16])
-    ap.add_argument("--n-boot", type=int, default=1000)
+    ap.add_argument("--n-boot", type=int, default=1000,
+                    help=f"bootstrap replicates; below {MIN_REPLICATES} only the jackknife intervals are measured")
+    ap.add_argument("--merge", default=None,
+                    help="a stored table whose rows this run did not measure are kept, marked run='earlier' (a table "
+                         "older than the ranges: its jackknife methods renamed '... (unbounded)')")
     ap.add_argument("--truth-docs", type=int, default=1024)
     ap.add_argument("--truth-seeds", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
@@ -156,19 +246,25 @@ def main():
         raw = pd.concat([pd.read_csv(f) for f in args.from_raw], ignore_index=True)
         true = pd.read_csv(Path(args.out).with_name("coverage_truth.csv"))
         true = true[true.truth_docs == args.truth_docs].drop(columns=["truth_docs", "truth_seeds"])
-        table = coverage_table(raw, true)
+        table = coverage_table(raw, true).assign(run="this")
+        if args.merge:
+            table = merge_earlier(table, pd.read_csv(args.merge))
         table.to_csv(args.out, index=False, float_format="%.6g")
         print(table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage",
                                 sort=False).round(3).to_string())
         return
-    truth_jobs = [(w, args.truth_docs, s) for w in worlds for s in range(args.truth_seeds)]
     # replicate-major order: a run stopped by --deadline leaves every (world, docs) cell with the same count
     jobs = [(w, n, r, args.n_boot, args.parts_only) for r in range(args.first_replicate, args.first_replicate + args.replicates)
             for n in args.docs for w in worlds]
     truth_file = Path(args.out).with_name("coverage_truth.csv")
     known = pd.read_csv(truth_file) if truth_file.exists() else pd.DataFrame(columns=["world", "truth_docs"])
     known = known[(known.truth_docs == args.truth_docs) & known.world.isin(worlds)]
-    truth_jobs = [job for job in truth_jobs if job[0] not in set(known.world)]  # each world's truth is computed once
+    # each world's truth is computed once; a quantity added later is computed alone for the worlds that lack it
+    late = list(LATE_TRUTHS) + list(EXTRA_STATISTICS)
+    lacking = {w: [c for c in late if c not in known.columns or known.loc[known.world == w, c].isna().any()]
+               for w in known.world}
+    truth_jobs = [(w, args.truth_docs, s, lacking.get(w)) for w in worlds for s in range(args.truth_seeds)
+                  if w not in lacking or lacking[w]]
     with ProcessPoolExecutor(args.workers) as pool:
         truths = [pool.submit(truth, job) for job in truth_jobs]  # the slowest first, beside the replicates
         pending = [pool.submit(one_replicate, job) for job in jobs]
@@ -181,10 +277,11 @@ def main():
                 stopped = sum(f.cancel() or not f.done() for f in pending)
                 break
         if truths:
-            fresh = pd.DataFrame([t.result() for t in truths]).groupby("world", sort=False).mean().reset_index()
-            fresh.insert(1, "truth_docs", args.truth_docs)
-            fresh.insert(2, "truth_seeds", args.truth_seeds)
-            known = pd.concat([known, fresh], ignore_index=True)
+            fresh = pd.DataFrame([t.result() for t in truths]).groupby("world", sort=False).mean()
+            fresh["truth_docs"], fresh["truth_seeds"] = args.truth_docs, args.truth_seeds
+            merged = fresh.combine_first(known.set_index("world"))  # a late quantity joins its world's stored row
+            known = merged[list(known.columns.drop("world")) + [c for c in merged.columns if c not in known.columns]]
+            known = known.reset_index()
             known.to_csv(truth_file, index=False, float_format="%.10g")
         true = known.drop(columns=["truth_docs", "truth_seeds"])
     if stopped:
@@ -192,7 +289,9 @@ def main():
     raw = pd.DataFrame(rows)
     if args.raw:
         raw.to_csv(args.raw, index=False, float_format="%.8g")
-    table = coverage_table(raw, true)
+    table = coverage_table(raw, true).assign(run="this")
+    if args.merge:
+        table = merge_earlier(table, pd.read_csv(args.merge))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False, float_format="%.6g")
     wide = table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage", sort=False)

@@ -22,7 +22,8 @@ each document, and each pair of documents, left out (:func:`condition_table`). T
 other sampled positions is cut, for many seeds, from the capture of the baseline at every position
 (:func:`reseeded_captures`: exactly the captures a new seed would take, one forward pass for all of
 them); each condition's difference is ranked among the reseeded differences (:func:`read_conditions`),
-with Holm's correction across the conditions.
+with Holm's correction across the conditions, for the part the page decides; the other parts are described
+beside the same null without a verdict (:func:`describe_conditions`).
 """
 
 from __future__ import annotations
@@ -442,7 +443,32 @@ def read_conditions(diffs: pd.DataFrame, null: pd.DataFrame, quantity: str = "ap
     out["p (Holm)"] = holm(out["p (null rank)"].to_numpy())
     out["verdict"] = [verdict(e, lo, hi, p, claim="differs", margin=margin, alpha=alpha)
                       for e, lo, hi, p in zip(out.estimate, out.lo, out.hi, out["p (Holm)"])]
-    out.attrs.update(quantity=quantity, n_null=n, floor=1 / (1 + n), null_q95=float(np.quantile(nulls, 0.95)) if n else np.nan)
+    # the smallest Holm-adjusted p the family can reach: every reading at the floor, times the family's size
+    out.attrs.update(quantity=quantity, n_null=n, floor=1 / (1 + n), null_q95=float(np.quantile(nulls, 0.95)) if n else np.nan,
+                     alpha=alpha, holm_floor=len(out) / (1 + n), can_pass=bool(len(out) / (1 + n) < alpha))
+    return out
+
+
+def describe_conditions(diffs: pd.DataFrame, null: pd.DataFrame, quantities) -> pd.DataFrame:
+    """Each condition's difference to the baseline for ``quantities``, beside the null, with no verdict.
+
+    The parts the page does not decide: the estimate, the policy's interval and the share of the reseeded
+    baselines' differences at least as far from 0 (``(1 + #{|null| >= |difference|}) / (1 + n)``, the quantity
+    :func:`read_conditions` ranks, here not corrected for the many parts and conditions and not read as a test).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index (quantity, condition); columns ``estimate``, ``lo``, ``hi``, ``share of null as far``.
+    """
+    rows = []
+    for q in quantities:
+        nulls = np.abs(null[q].dropna().to_numpy())
+        for _, r in diffs[diffs.quantity == q].iterrows():
+            rows.append({"quantity": q, "condition": r.condition, "estimate": r.estimate, "lo": r.lo, "hi": r.hi,
+                         "share of null as far": (1 + int(np.sum(nulls >= abs(r.estimate)))) / (1 + len(nulls))})
+    out = pd.DataFrame(rows).set_index(["quantity", "condition"])
+    out.attrs["n_null"] = int(null[list(quantities)].notna().all(axis=1).sum())
     return out
 
 

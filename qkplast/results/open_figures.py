@@ -1,4 +1,9 @@
-"""Figures of the chapter "Beyond the thesis: open questions"; each returns a matplotlib Figure."""
+"""Figures and tables of the chapter "Beyond the thesis: open questions".
+
+The figures each return a matplotlib Figure. The tables keep every interval's ends as numbers (``lo``, ``hi``
+columns) for the page's decisions, and keep each interval inside its quantity's range: listwise means and masses
+in [0, 1], correlations in [-1, 1] (:mod:`qkplast.stats.intervals`, ``bounds``).
+"""
 
 from __future__ import annotations
 
@@ -108,14 +113,182 @@ def condition_bars(table: pd.DataFrame, quantities=("ap_drop", "ap_drop_baseline
     return fig
 
 
-def gqa_null(result: xr.Dataset):
-    """Permutation null of the GQA statistic with the observed value, and the per-layer statistic."""
+def gqa_null(result: xr.Dataset, key_null: np.ndarray | None = None):
+    """Permutation nulls of the GQA statistic with the observed value, and the per-layer statistic.
+
+    ``result``: :func:`qkplast.analysis.gqa.gqa_similarity` (the label-permutation null); ``key_null``: the draws of
+    the null that keeps every head's keys (:func:`gqa_reading`'s ``attrs["key_null"]``), drawn over it when given.
+    """
     fig, (a, b) = _fig(2, width=4.8)
-    a.hist(result.null, bins=40, color="0.6")
-    a.axvline(float(result.statistic), color="tab:red", label=f"observed (p = {float(result.p_value):.4f})")
-    a.set(xlabel="within - between group distance", ylabel="permutations", title="within-layer permutation null")
+    null = np.asarray(result.null)
+    draws = null if key_null is None else np.concatenate([null, np.asarray(key_null)])
+    bins = np.linspace(min(draws.min(), float(result.statistic)), max(draws.max(), float(result.statistic)), 60)
+    a.hist(null, bins=bins, color="0.6", label="labels permuted")
+    if key_null is not None:
+        a.hist(key_null, bins=bins, color="tab:blue", alpha=0.6, label="keys kept (queries exchanged)")
+    a.axvline(float(result.statistic), color="tab:red", label="observed T")
+    a.set(xlabel="within - between group distance", ylabel="permutations", title="within-layer permutation nulls")
     a.legend(fontsize=8)
     b.bar(result.layer_index, result.layer_statistic, color="tab:blue")
     b.axhline(0, color="k", lw=0.6)
     b.set(xlabel="layer", ylabel="within - between", title="per layer")
     return fig
+
+
+# --------------------------------------------------------------------------- tables with intervals over documents
+
+
+def _interval_words(name: str) -> str:
+    from qkplast.stats.bootstrap import INTERVAL_NAMES
+
+    return INTERVAL_NAMES.get(name, name)
+
+
+def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, options=None, level: float = 0.95,
+                                n_perm: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Listwise means and the pairwise-listwise correlation with intervals over documents, inside their ranges.
+
+    Documents are the unit: heads share documents and queries, so an interval over heads is not one over the
+    data. Each quantity is recomputed with each document, and below 8 documents each pair of documents, left out
+    (:func:`qkplast.analysis.listwise.listwise` on the capture without them) and the policy's interval, the
+    bias-corrected jackknife-t, is built from those values (:func:`qkplast.stats.intervals.policy_interval`) on the
+    logit scale for the means (in [0, 1]) and on Fisher's ``z = atanh(rho)`` for the correlations, mapped back:
+    no end leaves the range. Where a value sits on a bound the interval is undefined (NaN, ``reason`` says why).
+    The correlation also gets a two-sided permutation p-value of no association across heads.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per set size: ``buckets with sets``; ``model``, ``captured`` (means over heads of each head's mean
+        over buckets) with ``lo``/``hi`` columns (``model lo``, ...); for m != 2 ``rho``, ``rho lo``, ``rho hi`` and
+        ``p_perm``; ``reason`` (empty where every interval of the row is defined). Numbers only.
+    """
+    from qkplast.analysis.listwise import listwise, listwise_means, pairwise_predicts_listwise
+    from qkplast.analysis.plasticity import PlasticityWarning
+    from qkplast.options import AnalysisOptions
+    from qkplast.stats.intervals import leave_two_out, needs_leave_two_out, policy_interval
+
+    opt = options if options is not None else AnalysisOptions.from_kwargs(
+        None, **{k: v for k, v in metrics.attrs.get("options", {}).items() if k in AnalysisOptions.__dataclass_fields__})
+    docs = np.unique(capture.doc.values)
+    full = listwise_means(metrics)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        without = lambda left: listwise_means(listwise(capture.isel(  # noqa: E731
+            sample=np.flatnonzero(~np.isin(capture.doc.values, left))), opt))
+        jack = [without([d]) for d in docs]
+        jack2 = [without(docs[list(p)]) for p in leave_two_out(len(docs))] if needs_leave_two_out(len(docs)) else None
+    keys = list(full)
+    is_rho = np.array([k[1] == "rho" for k in keys])
+    bounds = (np.where(is_rho, -1.0, 0.0), np.ones(len(keys)))  # correlations in [-1, 1], means in [0, 1]
+    values = lambda js: np.array([[j.get(k, np.nan) for k in keys] for j in js])  # noqa: E731
+    ci = policy_interval(np.array([full[k] for k in keys]), values(jack), values(jack2) if jack2 is not None else None,
+                         level, bounds=bounds, unit="documents")
+    at = {k: i for i, k in enumerate(keys)}
+    rows = []
+    for m in (int(m) for m in metrics.set_size.values):
+        row = {"set size": "whole set" if m == 0 else m, "buckets with sets": int((metrics.n_sets.sel(set_size=m) > 0).sum())}
+        names = [("ap_set", "model"), ("ap_set_mc", "captured")] + ([("rho", "rho")] if m != 2 else [])
+        reasons = []
+        for name, label in names:
+            i = at[(m, name)]
+            row[label], row[f"{label} lo"], row[f"{label} hi"] = full[(m, name)], ci["lo"][i], ci["hi"][i]
+            if ci["reason"][i]:
+                reasons.append(f"{label}: {ci['reason'][i]}")
+        if m != 2:
+            # fewer than 3 heads with both values (a tiny model, a large set): no correlation, so no p-value
+            row["p_perm"] = (pairwise_predicts_listwise(metrics, m, n_perm=n_perm, seed=seed)["p_perm"]
+                             if np.isfinite(full[(m, "rho")]) else np.nan)
+        row["reason"] = "; ".join(reasons)
+        rows.append(row)
+    out = pd.DataFrame(rows).set_index("set size")
+    out.attrs.update(level=level, method=(
+        f"{_interval_words(ci['interval'])} over {len(docs)} documents ({len(docs) - 1} degrees of freedom), each "
+        "left-out capture re-analysed, on the logit scale for the means and Fisher's z for rho, mapped back; "
+        "permutation p over heads for rho"))
+    return out
+
+
+def nearest_mass_intervals(metrics: xr.Dataset, level: float = 0.95) -> pd.DataFrame:
+    """Softmax mass on the nearest eligible bucket per query bucket, with intervals over documents inside [0, 1].
+
+    Each document's value is the mean over heads of the mass its own queries put on its own keys
+    (``nearest_mass_doc``, ``nearest_mass_position_doc``, ``nearest_share_doc``); the estimate is their mean, the
+    interval Student's t on the logit scale of that mean (``n - 1`` degrees of freedom, delta method), mapped
+    back (:func:`qkplast.stats.intervals.bounded_t_interval`). A mean on a bound (bucket 1, whose only eligible
+    bucket is the nearest) has no interval: NaN ends.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per query bucket; for each of "positional term alone", "full scores", "equal scores" the mean and
+        its ``lo``/``hi``. Numbers only.
+    """
+    from qkplast.stats.intervals import UNIT_RANGE, bounded_t_interval
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_doc = {"positional term alone": metrics.nearest_mass_position_doc.mean("head").values,
+                   "full scores": metrics.nearest_mass_doc.mean("head").values,
+                   "equal scores": metrics.nearest_share_doc.values}  # each [bucket, document]
+        out = {}
+        for label, v in per_doc.items():
+            t = bounded_t_interval(v, UNIT_RANGE, level, axis=1, unit="documents")
+            out.update({label: t["estimate"], f"{label} lo": t["lo"], f"{label} hi": t["hi"]})
+    out = pd.DataFrame(out, index=pd.Index(metrics.query_bucket.values.astype(int), name="query bucket"))
+    out.attrs.update(level=level, method=f"Student's t over {metrics.sizes['document']} documents (per-document means "
+                                         "over heads) on the logit scale, mapped back into [0, 1]")
+    return out
+
+
+def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: int = 2000, seed: int = 0,
+                level: float = 0.95) -> pd.DataFrame:
+    """The GQA statistic ``T`` against the null that keeps every head's keys, as the page decides it.
+
+    ``T`` (:mod:`qkplast.analysis.gqa`) is compared with the distribution of the keys-kept null
+    (:func:`qkplast.analysis.gqa.gqa_key_null`: queries exchanged within layers, each head keeping its keys),
+    whose mean is not 0: the heads of a group share their key pairs. The contrast is ``T - mean(null)``
+    (``contrast``), its interval ``[lo_T - q_hi, hi_T - q_lo]``: the policy's interval of ``T`` over documents
+    (each left-out capture's closed-form profiles) against the null's central ``level`` range ``[q_lo, q_hi]``,
+    so it lies below 0 only when all of ``T``'s interval lies below the null's lower quantile; it carries the
+    documents' uncertainty of ``T`` and the spread of the null. ``p (keys kept)`` is the one-sided rank p of
+    ``T`` among the null's draws. The label-permutation null (which counts the shared keys as coordination) is
+    reported beside it.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row (``ap (closed form)``): ``T``, ``T lo``, ``T hi``, ``within group``, ``between groups``,
+        ``label null mean``, ``p (labels permuted)``, ``key null mean``, ``key null lo``, ``key null hi``,
+        ``contrast``, ``contrast lo``, ``contrast hi``, ``p (keys kept)``; ``attrs["key_null"]`` holds the
+        null's draws.
+    """
+    from qkplast.analysis.gqa import cross_profiles, gqa_key_null, gqa_similarity
+    from qkplast.analysis.plasticity import closed_form_ap
+    from qkplast.options import AnalysisOptions
+    from qkplast.stats.bootstrap import document_interval
+
+    opt = AnalysisOptions.from_kwargs(options)
+    labels = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
+    keys = gqa_key_null(metrics, cross_profiles(capture, opt), n_perm=n_perm, seed=seed)
+
+    def statistic(cap):
+        ap, _ = closed_form_ap(cap, opt)
+        return float(gqa_similarity(metrics.assign(ap=(("head", "query_bucket"), ap)), "ap", n_perm=1).statistic)
+
+    t = float(labels.statistic)
+    ci = document_interval(capture, statistic, level, estimate=t)
+    null = np.asarray(keys.null)
+    q_lo, q_hi = (float(np.quantile(null, q)) for q in ((1 - level) / 2, (1 + level) / 2))
+    out = pd.DataFrame({"T": [t], "T lo": [float(ci["lo"])], "T hi": [float(ci["hi"])],
+                        "within group": [float(labels.within)], "between groups": [float(labels.between)],
+                        "label null mean": [float(labels.null_mean)], "p (labels permuted)": [float(labels.p_value)],
+                        "key null mean": [float(keys.null_mean)], "key null lo": [q_lo], "key null hi": [q_hi],
+                        "contrast": [t - float(keys.null_mean)], "contrast lo": [float(ci["lo"]) - q_hi],
+                        "contrast hi": [float(ci["hi"]) - q_lo], "p (keys kept)": [float(keys.p_value)]},
+                       index=pd.Index(["ap (closed form)"], name="profile"))
+    out.attrs.update(n_perm=n_perm, level=level, key_null=null,
+                     method=(f"T: {_interval_words(ci['interval'])} over documents; contrast: T - the keys-kept null's "
+                             f"mean, interval T's minus the null's central {level:.0%} range; nulls: "
+                             f"{labels.attrs['method']}; {keys.attrs['method']}"))
+    return out

@@ -372,17 +372,20 @@ def corrections_verdicts(readings: list[dict], alpha: float = 0.05) -> pd.DataFr
     its Holm-adjusted p is below ``alpha`` and, where it has an interval, the interval lies on the claimed
     side of zero (:func:`qkplast.stats.decision.verdict`); "contradicted" when the interval lies on the other
     side with the adjusted p below ``alpha``; otherwise "not distinguishable from the null" (no interval)
-    or "left open".
+    or "left open" (an interval that does not decide, or that is undefined: NaN ends).
     """
     from qkplast.stats.decision import holm, verdict
 
     out = pd.DataFrame(readings).set_index("item")
     out["p (Holm)"] = holm(out["p"].to_numpy())
+    has_interval = ["lo" in r for r in readings]  # an item with a contrast over documents, defined or not
     words = []
-    for _, r in out.iterrows():
+    for (_, r), interval in zip(out.iterrows(), has_interval):
         if not np.isfinite(r["p"]):
             words.append("left open")  # the statistic is undefined on this capture (stats.decision.null_verdict)
-        elif "lo" in out and np.isfinite(r.get("lo", np.nan)):
+        elif interval and not (np.isfinite(r["lo"]) and np.isfinite(r["hi"])):
+            words.append("left open")  # its interval is undefined (too few effective documents): p alone decides nothing
+        elif interval:
             w = verdict(r.estimate, r.lo, r.hi, r["p (Holm)"], claim=r.claim, alpha=alpha)
             words.append({"supported": "confirmed"}.get(w, w))
         else:

@@ -26,7 +26,10 @@ hold the one the inference policy reports for this many documents
 jackknife-t, with the standard error of the corrected estimate from
 leave-two-out values below 8 documents), named in ``attrs["interval"]``;
 ``benchmarks/bench_coverage.py`` measures every method's coverage on planted
-worlds.
+worlds. The jackknife intervals of a statistic with a range (:data:`RANGES`:
+the AP aggregates in [0, 1], AP_drop in [-1, 1]) are computed on the logit or
+Fisher-z scale and mapped back, so ``lo``/``hi`` never leave the range (NaN,
+with ``reason``, where the data cannot give one).
 
 :func:`document_jackknife` and :func:`document_interval` give the same
 policy interval for any model-level statistic of a capture (the AP_drop
@@ -49,7 +52,8 @@ from qkplast.options import AnalysisOptions
 from qkplast.progress import progress_bar
 from qkplast.analysis.views import analysis_vectors
 from qkplast.analysis.plasticity import closed_form_ap, summarize_profile
-from qkplast.stats.intervals import jackknife_t, leave_two_out, needs_leave_two_out, policy_interval
+from qkplast.stats.intervals import (SIGNED_RANGE, UNIT_RANGE, jackknife_t, leave_two_out, needs_leave_two_out,
+                                     policy_interval)
 from qkplast.stats.reweight import STATISTICS, reweighted_statistics, supports
 from qkplast.analysis.rotation import rotation_kernel
 
@@ -58,11 +62,29 @@ METRICS = STATISTICS
 DEFAULT_REPLICATES = 1000
 #: Version of :func:`bootstrap`'s output: bump it when its variables or intervals change, so run
 #: directories recompute their bootstrap instead of reusing a stale one.
-SCHEMA_VERSION = 3  # 2: lo/hi are the inference policy's interval, basic in lo_basic/hi_basic; 3: below 8 documents
-#                     the policy's standard error is the corrected estimate's own (leave-two-out values, jackknife2)
+SCHEMA_VERSION = 4  # 2: lo/hi are the inference policy's interval, basic in lo_basic/hi_basic; 3: below 8 documents
+#                     the policy's standard error is the corrected estimate's own (leave-two-out values, jackknife2);
+#                     4: the jackknife intervals on the logit / Fisher-z scale of each statistic's range (RANGES)
+#: each statistic's range: the AP aggregates are probabilities ([0, 1], logit scale), AP_drop the difference of two
+#: ([-1, 1], Fisher's z scale); bias_strength and key_position_slope have none. The jackknife intervals (the
+#: policy's among them) are computed on the unbounded scale and mapped back, so they stay inside.
+RANGES = {"ap_overall": UNIT_RANGE, "ap_first20": UNIT_RANGE, "ap_last20": UNIT_RANGE, "ap_drop": SIGNED_RANGE,
+          "bias_strength": None, "key_position_slope": None,
+          # the AP_drop parts (qkplast.analysis.decompose): each Drop(P, C) is a difference of two AP means, in
+          # [-1, 1]; the bias and content parts differ two of them, the interaction adds four with signs
+          "ap_drop_baseline": SIGNED_RANGE, "ap_drop_bias": (-2.0, 2.0), "ap_drop_content": (-2.0, 2.0),
+          "ap_drop_interaction": (-4.0, 4.0)}
 #: the reweighting computes the leave-two-out values up to this many documents (the policy needs them below 8;
 #: the coverage benchmark compares both levels at 8 and 16)
 LEAVE_TWO_OUT_UP_TO = 16
+
+
+def metric_bounds(metrics=None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``bounds`` argument (:func:`qkplast.stats.intervals.policy_interval`) for a vector of statistics
+    (:data:`METRICS` by default, or any names of :data:`RANGES`): their ranges' ends, infinite where a statistic has
+    none."""
+    ends = [RANGES[m] or (-np.inf, np.inf) for m in (METRICS if metrics is None else metrics)]
+    return np.array([e[0] for e in ends], dtype=np.float64), np.array([e[1] for e in ends], dtype=np.float64)
 
 
 def resample_documents(capture: xr.Dataset, rng: np.random.Generator) -> xr.Dataset:
@@ -148,14 +170,17 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
     -------
     xarray.Dataset
         Dim ``metric``: ``estimate`` (full capture), ``lo``/``hi`` (the policy's interval for this many
-        documents, named in ``attrs["interval"]``), ``lo_basic``/``hi_basic``,
+        documents, named in ``attrs["interval"]``; inside each statistic's range, :data:`RANGES`, computed on
+        its logit / Fisher-z scale; NaN where undefined, with ``reason``: "undefined with N effective documents"
+        and why, else ""), ``lo_basic``/``hi_basic``,
         ``lo_percentile``/``hi_percentile``, ``lo_bca``/``hi_bca`` (BCa, acceleration from the jackknife
         over documents ``jackknife``), ``lo_jackknife_t``/``hi_jackknife_t`` with ``se_jackknife``,
         ``lo_jackknife_bc``/``hi_jackknife_bc`` (around ``estimate_bc``, one-level standard error),
         ``lo_jackknife_bc2``/``hi_jackknife_bc2`` with ``se_jackknife_bc2`` (the same centre, the corrected
         estimate's standard error from ``jackknife2``, the leave-two-out values over ``document_pair``; NaN
-        where they were not computed), ``p_jackknife`` (two-sided p-value of zero of the policy's interval,
-        ``n - 1`` degrees of freedom), ``bias`` (mean of the
+        where they were not computed; the jackknife intervals all on the statistic's unbounded scale), ``p_jackknife``
+        (two-sided p-value of zero of the policy's interval, ``n - 1`` degrees of freedom, on the Fisher-z scale for
+        AP_drop, on the original scale for the [0, 1] aggregates, whose bound zero is), ``bias`` (mean of the
         replicates minus the estimate), ``se`` (bootstrap standard error), ``z0``, ``acceleration``,
         ``replicates`` (``metric, replicate``). Attrs: ``n_boot``, ``level``, ``seed``, ``n_docs``,
         ``interval``, ``method`` (which computation and which intervals, in words).
@@ -210,10 +235,11 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         q_lo, q_hi = np.nanquantile(reps, alpha, axis=0), np.nanquantile(reps, 1 - alpha, axis=0)
         lo_bca, hi_bca, z0, acc = bca_interval(reps, est, jack, level)
         bias, se = np.nanmean(reps, axis=0) - est, np.nanstd(reps, axis=0, ddof=1)
-    jt, jbc = jackknife_t(est, jack, level), jackknife_t(est, jack, level, bias_correct=True)
-    jbc2 = jackknife_t(est, jack, level, bias_correct=True, jackknife2=jack2) if want_two else \
+    bounds = dict(bounds=metric_bounds(), unit="documents")  # each statistic's interval inside its range
+    jt, jbc = jackknife_t(est, jack, level, **bounds), jackknife_t(est, jack, level, bias_correct=True, **bounds)
+    jbc2 = jackknife_t(est, jack, level, bias_correct=True, jackknife2=jack2, **bounds) if want_two else \
         {k: np.full_like(est, np.nan) for k in ("lo", "hi", "se", "p")}
-    pol = policy_interval(est, jack, jack2 if want_two else None, level)
+    pol = policy_interval(est, jack, jack2 if want_two else None, level, **bounds)
     policy = pol["interval"]
     how = ("per-document sufficient statistics reweighted, batched over replicates (key pairs of the full capture, "
            "weighted by document copies)" if method == "reweight" else
@@ -239,6 +265,7 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
             "se_jackknife": ("metric", jt["se"]),
             "se_jackknife_bc2": ("metric", jbc2["se"]),
             "p_jackknife": ("metric", pol["p"]),
+            "reason": ("metric", pol["reason"].astype(str)),
             "bias": ("metric", bias),
             "se": ("metric", se),
             "z0": ("metric", z0),
@@ -257,7 +284,9 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
                           f"jackknife over {n_docs} documents), lo_jackknife_t/hi_jackknife_t: jackknife-t with "
                           f"{n_docs - 1} degrees of freedom around the estimate, lo_jackknife_bc/hi_jackknife_bc: "
                           f"the same around the bias-corrected estimate estimate_bc, lo_jackknife_bc2/hi_jackknife_bc2: "
-                          f"around estimate_bc with its own standard error (leave-two-out values); all at level {level}")},
+                          f"around estimate_bc with its own standard error (leave-two-out values); the jackknife "
+                          f"intervals on the logit scale of the [0, 1] aggregates and the Fisher-z scale of ap_drop, "
+                          f"mapped back; all at level {level}")},
     )
     return ds
 
@@ -315,13 +344,14 @@ def _documents_left_out(capture: xr.Dataset, statistic, pairs_of, groups) -> np.
 
 
 def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estimate=None,
-                      pairs_of: AnalysisOptions | None = None) -> dict:
+                      pairs_of: AnalysisOptions | None = None, bounds=None) -> dict:
     """The policy's interval over documents for any model-level ``statistic`` of a capture, from the jackknife.
 
     The policy (:func:`qkplast.stats.intervals.interval_policy`) is the bias-corrected jackknife-t; each
     left-out capture is re-analysed whole, with the whole capture's key pairs when ``pairs_of`` (the
     analysis options) is given (:func:`document_jackknife`), and below 8 documents each capture without two
-    of them as well (:func:`document_jackknife2`), for the corrected estimate's own standard error.
+    of them as well (:func:`document_jackknife2`), for the corrected estimate's own standard error. ``bounds``
+    (the statistic's range, :func:`qkplast.stats.intervals.policy_interval`) keeps the interval inside it.
 
     Returns
     -------
@@ -333,6 +363,6 @@ def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estim
     est = np.asarray(statistic(capture) if estimate is None else estimate, float)
     jack = document_jackknife(capture, statistic, pairs_of)
     jack2 = document_jackknife2(capture, statistic, pairs_of) if needs_leave_two_out(len(jack)) else None
-    out = policy_interval(est, jack, jack2, level)
+    out = policy_interval(est, jack, jack2, level, bounds=bounds, unit="documents")
     out.update(jackknife=jack, jackknife2=jack2, point=est)
     return out

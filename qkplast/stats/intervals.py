@@ -4,12 +4,167 @@ inference policy that picks one by the number of units.
 With ``n`` units a percentile bootstrap of a mean covers far less than its nominal level when ``n`` is small
 (4 documents have only 35 distinct resamples); Student's t with ``n - 1`` degrees of freedom on the units'
 own values is the interval whose coverage holds for a mean of near-normal unit values at any ``n >= 2``.
+
+A quantity with a range (AP aggregates, masses and shares in [0, 1]; AP_drop and correlations in [-1, 1]) gets
+its interval on a scale without bounds (:func:`to_unbounded`: the logit for [0, 1], Fisher's z for [-1, 1]),
+mapped back, so its end points never leave the range (``bounds=`` of :func:`bounded_t_interval`,
+:func:`jackknife_t` and :func:`policy_interval`); where the data cannot give one (an estimate on a bound, fewer
+than two effective units) the end points are NaN and ``reason`` says why, never a clipped number.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
+
+#: the coverage the policy's interval must reach on the planted worlds (``benchmarks/bench_coverage.py``) for a
+#: nominal 95%: a few documents' worth of slack, at most two binomial standard errors of a 2000-capture cell below
+#: 0.95 and a third of the 5% miss rate on top
+COVERAGE_TARGET = 0.93
+#: the range of AP-type quantities, masses and shares (logit scale)
+UNIT_RANGE = (0.0, 1.0)
+#: the range of AP_drop and correlations (Fisher's z scale)
+SIGNED_RANGE = (-1.0, 1.0)
+
+
+def _range(bounds, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(lo, hi, bounded)`` broadcast to ``shape``; ``bounds=None`` or infinite ends: unbounded elements."""
+    lo, hi = (-np.inf, np.inf) if bounds is None else bounds
+    lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), shape)
+    hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), shape)
+    bounded = np.isfinite(lo) & np.isfinite(hi)
+    if np.any(np.isfinite(lo) != np.isfinite(hi)) or np.any(np.isnan(lo) | np.isnan(hi)) or np.any(bounded & ~(lo < hi)):
+        raise ValueError(f"bounds must be None or (lo, hi) with lo < hi, both finite or both infinite (e.g. (0, 1), "
+                         f"(-1, 1)), got {bounds!r}")
+    return lo, hi, bounded
+
+
+def _shape(x: np.ndarray, bounds) -> tuple:
+    """The shape of ``x`` broadcast against the bounds' ends."""
+    return x.shape if bounds is None else np.broadcast_shapes(x.shape, np.shape(bounds[0]), np.shape(bounds[1]))
+
+
+def to_unbounded(x, bounds) -> np.ndarray:
+    """A value of a bounded range on a scale without bounds: the logit for [0, 1], Fisher's z for [-1, 1].
+
+    Parameters
+    ----------
+    x : array_like
+        Values; their last axes broadcast against the bounds.
+    bounds : tuple or None
+        ``(lo, hi)``, scalars or arrays: ``(-1, 1)`` gives ``atanh(x)``, any other finite range the logit of
+        ``(x - lo) / (hi - lo)`` (the logit for ``(0, 1)``), infinite ends or None the identity.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64; ``-inf``/``+inf`` on a bound, NaN outside the range.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    lo, hi, bounded = _range(bounds, _shape(x, bounds))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fisher = bounded & (lo == -1.0) & (hi == 1.0)
+        return np.where(~bounded, x, np.where(fisher, np.arctanh(x), special.logit((x - lo) / (hi - lo))))
+
+
+def from_unbounded(z, bounds) -> np.ndarray:
+    """The inverse of :func:`to_unbounded`: ``tanh`` for ``(-1, 1)``, ``lo + (hi - lo) expit(z)`` for another finite
+    range, the identity where unbounded; always inside the range (its ends for ``z = -inf, +inf``)."""
+    z = np.asarray(z, dtype=np.float64)
+    lo, hi, bounded = _range(bounds, _shape(z, bounds))
+    with np.errstate(invalid="ignore"):
+        fisher = bounded & (lo == -1.0) & (hi == 1.0)
+        return np.where(~bounded, z, np.where(fisher, np.tanh(z), lo + (hi - lo) * special.expit(z)))
+
+
+def unbounded_slope(x, bounds) -> np.ndarray:
+    """``d to_unbounded(x) / dx``: ``1 / (1 - x^2)`` for ``(-1, 1)``, ``1 / ((hi - lo) u (1 - u))`` with
+    ``u = (x - lo) / (hi - lo)`` for another range, 1 where unbounded (the delta method's factor)."""
+    x = np.asarray(x, dtype=np.float64)
+    lo, hi, bounded = _range(bounds, _shape(x, bounds))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        u = (x - lo) / (hi - lo)
+        fisher = bounded & (lo == -1.0) & (hi == 1.0)
+        return np.where(~bounded, 1.0, np.where(fisher, 1.0 / (1.0 - x * x), 1.0 / ((hi - lo) * u * (1.0 - u))))
+
+
+def inside(x, bounds) -> np.ndarray:
+    """Whether ``x`` lies strictly inside its range (finite everywhere when unbounded)."""
+    x = np.asarray(x, dtype=np.float64)
+    lo, hi, _ = _range(bounds, _shape(x, bounds))
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(x) & (x > lo) & (x < hi)
+
+
+def _reasons(n, on_bound, unit: str, why: str) -> np.ndarray:
+    """Why each interval is undefined (``""`` where it is defined): too few effective units, or ``why``."""
+    n = np.asarray(n)
+    on_bound = np.broadcast_to(np.asarray(on_bound, bool), n.shape)
+    out = np.full(n.shape, "", dtype=object)
+    for idx in np.ndindex(n.shape):
+        if n[idx] < 2:
+            out[idx] = f"undefined with {int(n[idx])} effective {unit}"
+        elif on_bound[idx]:
+            out[idx] = f"undefined with {int(n[idx])} effective {unit}: {why}"
+    return out
+
+
+def bounded_t_interval(values, bounds, level: float = 0.95, axis: int = 0, null: float = 0.0,
+                       unit: str = "units") -> dict[str, np.ndarray]:
+    """Student's t interval for the mean of values in a bounded range, on the unbounded scale, mapped back.
+
+    The mean and its standard error are those of :func:`t_interval`; the interval is
+    ``g(mean) +- t_{n-1} g'(mean) se`` with ``g`` = :func:`to_unbounded` (the delta method on the transformed
+    mean), mapped back with :func:`from_unbounded`, so ``lo``/``hi`` never leave the range.
+
+    Parameters
+    ----------
+    values : array_like
+        One value per unit along ``axis``, each inside ``bounds``; NaN units are left out per column.
+    bounds : tuple or None
+        ``(lo, hi)`` of the quantity (``UNIT_RANGE``, ``SIGNED_RANGE``; arrays broadcast against the reduced
+        shape); None: :func:`t_interval`'s interval.
+    level : float
+        Two-sided coverage.
+    null : float
+        The value the p-value tests, on the transformed scale when it lies inside the range (on the original
+        scale when it is a bound or outside, where the transformed scale has no finite point for it).
+    unit : str
+        The units' name for ``reason`` ("documents", "seeds").
+
+    Returns
+    -------
+    dict
+        :func:`t_interval`'s fields (``se`` on the original scale) plus ``se_transformed`` and ``reason``
+        (object array: ``""``, or "undefined with N effective <unit>" where fewer than two units are finite or
+        the mean is on a bound, where ``lo``/``hi`` are NaN).
+    """
+    plain = t_interval(values, level, axis)
+    mean, se, n = plain["estimate"], plain["se"], plain["n"]
+    with np.errstate(invalid="ignore"):  # a mean on a bound has an infinite slope; its interval is undefined
+        se_z = se * unbounded_slope(mean, bounds)
+    return _map_back(mean, mean, se_z, n, plain["p"], inside(mean, bounds),
+                     bounds, level, null, unit, "the mean is on a bound of its range")
+
+
+def _map_back(estimate, centre, se_z, n, p_plain, defined, bounds, level, null, unit, why) -> dict:
+    """Student's interval ``g(centre) +- t se_z`` mapped back through :func:`from_unbounded`, NaN where not ``defined``."""
+    centre = np.asarray(centre, dtype=np.float64)
+    z_null = to_unbounded(np.full(centre.shape, null), bounds) if bounds is not None else np.full(centre.shape, null)
+    shift = np.where(np.isfinite(z_null), z_null, 0.0)
+    with np.errstate(invalid="ignore"):
+        ok = np.asarray(defined, bool) & (np.asarray(n) >= 2)
+        z = np.where(ok, to_unbounded(centre, bounds), np.nan)
+    res = _student(z - shift, np.where(ok, se_z, np.nan), n, level)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lo, hi = from_unbounded(res["lo"] + shift, bounds), from_unbounded(res["hi"] + shift, bounds)
+        # the round trip through the transform may move a zero-width interval's ends a rounding error past the centre
+        lo, hi = np.fmin(lo, centre), np.fmax(hi, centre)
+        se = np.where(ok, se_z / unbounded_slope(centre, bounds), np.nan)
+    p = np.where(np.isfinite(z_null), res["p"], p_plain)
+    return {"estimate": np.asarray(estimate, dtype=np.float64), "lo": np.where(ok, lo, np.nan),
+            "hi": np.where(ok, hi, np.nan), "se": se, "se_transformed": np.where(ok, se_z, np.nan), "n": n,
+            "p": np.where(np.asarray(n) >= 2, p, np.nan), "reason": _reasons(n, ~np.asarray(defined, bool), unit, why)}
 
 
 def t_interval(values, level: float = 0.95, axis: int = 0) -> dict[str, np.ndarray]:
@@ -111,7 +266,7 @@ def corrected_jackknife(jackknife, jackknife2) -> np.ndarray:
 
 
 def jackknife_t(estimate, jackknife, level: float = 0.95, bias_correct: bool = False,
-                jackknife2=None) -> dict[str, np.ndarray]:
+                jackknife2=None, bounds=None, null: float = 0.0, unit: str = "units") -> dict[str, np.ndarray]:
     """Jackknife-t interval: ``centre +- t_{n-1} se_jack`` from the ``n`` leave-one-unit-out values.
 
     The centre is the estimate, or with ``bias_correct`` Quenouille's bias-corrected estimate
@@ -132,6 +287,16 @@ def jackknife_t(estimate, jackknife, level: float = 0.95, bias_correct: bool = F
         standard error is then the jackknife standard error of the corrected estimate itself, from its
         leave-one-out values (:func:`corrected_jackknife`): the corrected estimate varies more than the
         estimate, which the one-level standard error does not see (the policy's ``"jackknife_bc2"``).
+    bounds : tuple or None
+        ``(lo, hi)`` of the statistic (scalars or arrays broadcast against ``estimate``; infinite ends: unbounded).
+        The estimate and every jackknife value are mapped to :func:`to_unbounded`'s scale, the interval (and the
+        bias correction) computed there and its centre and ends mapped back, so they never leave the range;
+        where the estimate or a leave-one-out (leave-two-out) value is on a bound the interval is NaN, with
+        ``reason``.
+    null : float
+        The value ``p`` tests (on the transformed scale when it lies inside the range, else on the original one).
+    unit : str
+        The units' name for ``reason``.
 
     Returns
     -------
@@ -145,6 +310,8 @@ def jackknife_t(estimate, jackknife, level: float = 0.95, bias_correct: bool = F
     """
     if jackknife2 is not None and not bias_correct:
         raise ValueError("jackknife2 gives the standard error of the bias-corrected estimate: pass bias_correct=True")
+    if bounds is not None:
+        return _bounded_jackknife_t(estimate, jackknife, level, bias_correct, jackknife2, bounds, null, unit)
     est = np.asarray(estimate, dtype=np.float64)
     jack = np.asarray(jackknife, dtype=np.float64)  # [unit, ...]
     mean, se, n = _jackknife_se(jack)
@@ -154,6 +321,28 @@ def jackknife_t(estimate, jackknife, level: float = 0.95, bias_correct: bool = F
         _, se, n = _jackknife_se(corrected_jackknife(jack, jackknife2))
     out = _student(est - bias if bias_correct else est, se, n, level)
     out["bias"] = bias
+    return out
+
+
+def _bounded_jackknife_t(estimate, jackknife, level, bias_correct, jackknife2, bounds, null, unit) -> dict:
+    """:func:`jackknife_t` on :func:`to_unbounded`'s scale, centre and ends mapped back; see its ``bounds``."""
+    est = np.asarray(estimate, dtype=np.float64)
+    jack = np.asarray(jackknife, dtype=np.float64)
+    two = None if jackknife2 is None else np.asarray(jackknife2, dtype=np.float64)
+    plain = jackknife_t(est, jack, level, bias_correct, two)  # the original scale's p, for a null on a bound
+    # a unit left out by a NaN stays left out; a finite value on a bound (or outside) has no transformed value
+    stray = np.any(np.isfinite(jack) & ~inside(jack, bounds), 0)
+    if two is not None:
+        stray = stray | np.any(np.isfinite(two) & ~inside(two, bounds), 0)
+    with np.errstate(invalid="ignore"):  # infinite transformed values (on a bound) give an undefined interval
+        z = jackknife_t(to_unbounded(est, bounds), to_unbounded(jack, bounds), level, bias_correct,
+                        None if two is None else to_unbounded(two, bounds))
+    defined = inside(est, bounds) & ~stray
+    centre = from_unbounded(z["estimate"], bounds)
+    # the effective units are those with a value (a value on a bound counts: it makes the interval undefined)
+    out = _map_back(centre, centre, z["se"], plain["n"], plain["p"], defined, bounds, level, null, unit,
+                    "the estimate or a left-out value is on a bound of its range")
+    out["bias"] = np.where(defined, est - centre, np.nan)  # estimate - bias is the centre, as without bounds
     return out
 
 
@@ -168,18 +357,21 @@ def _jackknife_se(jack: np.ndarray):
     return mean, se, n
 
 
-def policy_interval(estimate, jackknife, jackknife2=None, level: float = 0.95) -> dict[str, np.ndarray]:
+def policy_interval(estimate, jackknife, jackknife2=None, level: float = 0.95, bounds=None, null: float = 0.0,
+                    unit: str = "units") -> dict[str, np.ndarray]:
     """The policy's interval (:func:`interval_policy`) for the ``len(jackknife)`` units of the leave-one-out values.
 
     ``jackknife2`` (the leave-two-out values, :func:`leave_two_out` order) is needed when the policy is
-    ``"jackknife_bc2"`` (:func:`needs_leave_two_out`) and ignored otherwise. Returns :func:`jackknife_t`'s fields
-    and ``interval`` (the method's name).
+    ``"jackknife_bc2"`` (:func:`needs_leave_two_out`) and ignored otherwise. With ``bounds`` (the statistic's
+    range: ``UNIT_RANGE``, ``SIGNED_RANGE``, or arrays of ends per element) the interval is computed on
+    :func:`to_unbounded`'s scale and mapped back (:func:`jackknife_t`), so it stays inside the range, NaN with a
+    ``reason`` where it cannot be had. Returns :func:`jackknife_t`'s fields and ``interval`` (the method's name).
     """
     n_units = np.asarray(jackknife).shape[0]
     policy = interval_policy(n_units)
     if policy == "jackknife_bc2" and jackknife2 is None:
         raise ValueError(f"the policy's interval for {n_units} units needs the leave-two-out values (jackknife2)")
     out = jackknife_t(estimate, jackknife, level, bias_correct=True,
-                      jackknife2=jackknife2 if policy == "jackknife_bc2" else None)
+                      jackknife2=jackknife2 if policy == "jackknife_bc2" else None, bounds=bounds, null=null, unit=unit)
     out["interval"] = policy
     return out

@@ -30,6 +30,10 @@ def test_corrections_verdicts_apply_holm_and_the_interval():
     out = tables.corrections_verdicts(readings + [{"item": "f", "p": np.nan}])  # undefined on this capture
     assert out.loc["f", "verdict"] == "left open" and np.isnan(out.loc["f", "p (Holm)"])
     np.testing.assert_allclose(out["p (Holm)"].iloc[:4], [0.004, 0.03, 0.012, 0.012])  # m counts 4, not 5
+    # an item whose interval is undefined (too few effective documents) is not decided on its p alone
+    undefined = {"item": "g", "p": 1e-6, "estimate": 0.3, "lo": np.nan, "hi": np.nan, "claim": "greater"}
+    out = tables.corrections_verdicts(readings + [undefined])
+    assert out.loc["g", "verdict"] == "left open" and out.loc["a", "verdict"] == "confirmed"
 
 
 def test_coverage_summary_reports_the_policys_lowest_coverage():

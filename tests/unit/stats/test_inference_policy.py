@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from qkplast.analysis.plasticity import PlasticityWarning
-from qkplast.stats.bootstrap import bootstrap, document_interval, document_jackknife, document_jackknife2
+from qkplast.stats.bootstrap import (bootstrap, document_interval, document_jackknife, document_jackknife2,
+                                     metric_bounds)
 from qkplast.stats.intervals import (JACKKNIFE_BELOW, corrected_jackknife, interval_policy, jackknife_t, leave_two_out,
-                                     policy_interval, t_interval)
+                                     policy_interval, t_interval, to_unbounded)
 from qkplast.stats.decision import verdict
 from qkplast.theory.planted import planted_capture
 
@@ -121,14 +122,25 @@ def test_bootstrap_reports_the_policys_interval_in_lo_hi(four_docs):
         assert name in b
     # every jackknife interval comes from the leave-one-document-out values the bootstrap also uses for BCa, the
     # policy's from the leave-two-out values as well
-    ci = jackknife_t(b.estimate.values, b.jackknife.values.T)
+    # (each on its statistic's unbounded scale: logit for the AP aggregates, Fisher's z for ap_drop)
+    bounds = metric_bounds()
+    ci = jackknife_t(b.estimate.values, b.jackknife.values.T, bounds=bounds)
     np.testing.assert_allclose(b.lo_jackknife_t.values, ci["lo"])
-    bc = jackknife_t(b.estimate.values, b.jackknife.values.T, bias_correct=True)
+    bc = jackknife_t(b.estimate.values, b.jackknife.values.T, bias_correct=True, bounds=bounds)
     np.testing.assert_allclose(b.estimate_bc.values, bc["estimate"])
-    np.testing.assert_allclose(b.hi_jackknife_bc - b.lo_jackknife_bc, b.hi_jackknife_t - b.lo_jackknife_t)  # same se
-    two = policy_interval(b.estimate.values, b.jackknife.values.T, b.jackknife2.values.T)
+    two = policy_interval(b.estimate.values, b.jackknife.values.T, b.jackknife2.values.T, bounds=bounds)
     np.testing.assert_allclose(b.lo.values, two["lo"])
-    np.testing.assert_allclose((b.lo + b.hi).values / 2, bc["estimate"])  # the same centre
+    np.testing.assert_allclose(b.hi.values, two["hi"])
+    # on the transformed scale the centre is the middle and the one-level bc interval has the plain one's width
+    z = lambda v: to_unbounded(np.asarray(v), bounds)  # noqa: E731
+    np.testing.assert_allclose((z(b.lo) + z(b.hi)) / 2, z(bc["estimate"]), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(z(b.hi_jackknife_bc) - z(b.lo_jackknife_bc), z(b.hi_jackknife_t) - z(b.lo_jackknife_t),
+                               rtol=1e-9)
+    # the statistics without a range keep the plain interval
+    free = [list(b.metric.values).index(m) for m in ("bias_strength", "key_position_slope")]
+    plain = policy_interval(b.estimate.values, b.jackknife.values.T, b.jackknife2.values.T)
+    np.testing.assert_allclose(b.lo.values[free], plain["lo"][free])
+    assert (b.reason.values == "").all()
     assert b.sizes["document_pair"] == 6
     # the reweighted leave-two-out values are the statistics of the capture without those two documents
     exact = bootstrap(four_docs, n_boot=2, seed=1, n_pairs=32, method="exact")
