@@ -100,6 +100,7 @@ distances = [32, 128]  # tokens from the first copy's start to the second's, at 
 n_null = 12  # random head sets per targeted condition; 100 on a GPU (-p window 2048 -p n_null 100)
 null_windows = 2  # behaviour windows every null set is measured on (the first ones)
 copy_windows = 4  # behaviour windows, one per document
+geometry_docs = 4  # windows of the geometry capture (the registered default; raised as the sampling needs)
 batch_size = 2  # behaviour sequences per forward pass (same values up to rounding)
 
 # %%
@@ -180,7 +181,7 @@ pd.DataFrame(rows).set_index(["planted null", "alpha"]).round(4)
 # ablation its reference and the k rule its pilot; the others are held out for the clamps' geometry.
 
 # %%
-total, n_cal, n_check = qx.geometry_plan(opt.samples_per_bucket, reg["design"]["geometry_docs"])
+total, n_cal, n_check = qx.geometry_plan(opt.samples_per_bucket, geometry_docs)
 geo_options = replace(opt, seq_len=window, bucket_size=window // 16, docs=total, short_docs="skip", min_per_bucket=0)
 geo_analysis = {"seed": seed, **analysis, "open_questions": False}
 geo_capture, geo_metrics = qx.load_or_geometry(run_dir, loaded.model, loaded.tokenizer, documents, geo_options,

@@ -25,7 +25,7 @@ TINY = {"docs": 2, "seq_len": 256, "bucket_size": 32, "samples_per_bucket": 4, "
 #: Notebook parameters of the tiny batch: small grids for the two chapters beyond the thesis (nbval runs their
 #: defaults, the rehearsal runs them on random-weight models), so the batch tests the plumbing in about a minute.
 TINY_NOTEBOOKS = {"n_boot": 4, "n_perm": 20, "n_null": 2, "window": 128, "positions": [56, 112],
-                  "distances": [16, 40], "copy_windows": 2, "n_reseeds": 5,
+                  "distances": [16, 40], "copy_windows": 2, "geometry_docs": 2, "n_reseeds": 5,
                   "rope_factors": [2.0], "window_factors": [1], "cond_docs": 2, "training": "smoke"}
 
 COMMON = dict(
