@@ -4,7 +4,7 @@
 table (``data/coverage.csv``), chapter 10 the training studies (``studies/``), and the named corpora
 ``python-docs`` and ``stdlib-code`` their pinned snapshots (``data/corpora/``); in a checkout all are read where
 they are, and a non-editable install (``pip install .``) gets copies under
-``qkplast/_shipped/`` (see ``qkplast/shipped.py``).
+``qkplast/_shipped/`` (see ``qkplast/resources.py``).
 """
 
 import shutil

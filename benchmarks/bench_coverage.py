@@ -147,13 +147,14 @@ def one_replicate(args) -> list[dict]:
     opt = AnalysisOptions()
     bounds = metric_bounds(PART_QUANTITIES)
     parts = document_interval(cap, lambda c, pairs=None: [model_level_terms(c, opt, pairs=pairs)[q] for q in PART_QUANTITIES],
-                              pairs_of=opt, bounds=bounds)
+                              pairs_of=opt, bounds=bounds, quantity=list(PART_QUANTITIES))
     plain = jackknife_t(parts["point"], parts["jackknife"], bounds=bounds)
     corrected = jackknife_t(parts["point"], parts["jackknife"], bias_correct=True, bounds=bounds)
-    free = policy_interval(parts["point"], parts["jackknife"], parts["jackknife2"])
+    free = policy_interval(parts["point"], parts["jackknife"], parts["jackknife2"], quantity=list(PART_QUANTITIES))
+    named = np.broadcast_to(np.asarray(parts["interval"], dtype=object), len(PART_QUANTITIES))  # [quantity]
     for method, res in zip(PART_METHODS + (unbounded_name(PART_METHODS[-1]),), (plain, corrected, parts, free)):
         for i, q in enumerate(PART_QUANTITIES):
-            rows.append({**row, "quantity": q + " (parts)", "method": method, "policy": parts["interval"],
+            rows.append({**row, "quantity": q + " (parts)", "method": method, "policy": str(named[i]),
                          "estimate": float(parts["point"][i]), "lo": float(res["lo"][i]), "hi": float(res["hi"][i])})
     for name, (statistic, rng) in EXTRA_STATISTICS.items():
         ci = document_interval(cap, statistic, bounds=rng)
@@ -167,13 +168,14 @@ def _boot_rows(boot, row: dict, metrics, methods: dict, suffix: str) -> list[dic
     from qkplast.stats.intervals import policy_interval
 
     two = boot.jackknife2.values.T if boot.attrs["interval"] == "jackknife_bc2" else None
-    free = policy_interval(boot.estimate.values, boot.jackknife.values.T, two)  # the policy without the ranges
+    free = policy_interval(boot.estimate.values, boot.jackknife.values.T, two,  # the policy without the ranges
+                           quantity=list(boot.metric.values))
     rows = []
     for metric in metrics:
         b, i = boot.sel(metric=metric), list(boot.metric.values).index(metric)
         ends = {**{m: (float(b[lo]), float(b[hi])) for m, (lo, hi) in methods.items()},
                 unbounded_name("policy"): (float(free["lo"][i]), float(free["hi"][i]))}
-        rows += [{**row, "quantity": metric + suffix, "method": m, "policy": boot.attrs["interval"],
+        rows += [{**row, "quantity": metric + suffix, "method": m, "policy": str(b.interval.values),
                   "estimate": float(b.estimate), "lo": lo, "hi": hi} for m, (lo, hi) in ends.items()]
     return rows
 

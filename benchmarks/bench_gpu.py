@@ -320,7 +320,7 @@ def notebooks_left(out: Path, notebook_params: dict) -> list[dict]:
     from qkplast.errors import QkplastError
     from qkplast.pipeline.params import notebook_paths
     from qkplast.pipeline.stages import notebook_stage
-    from qkplast.rundir.directory import write_manifest
+    from qkplast.rundir.products import write_manifest
 
     manifest = json.loads((out / "manifest.json").read_text())
     done = {e["name"] for e in manifest.get("notebooks", [])}
@@ -403,8 +403,9 @@ def main(argv=None) -> int:
         seq_len = 16384
         values.update(seq_len=seq_len, bucket_size=seq_len // 16)
     # chapter 12 reads documents of its own beside the run's: the geometry's windows (raised to what the run's
-    # sampling needs, qkplast.experiments.grid.geometry_plan) and then the behaviour's
-    from qkplast.experiments.grid import geometry_plan, load_readings
+    # sampling needs, qkplast.experiments.head_interventions.geometry_plan) and then the behaviour's
+    from qkplast.experiments.head_interventions import geometry_plan
+    from qkplast.stats.intervention_readings import load_readings
 
     samples = float(full[full.index("--samples-per-bucket") + 1]) if "--samples-per-bucket" in full else 1.0
     n_docs = args.docs + geometry_plan(samples, load_readings()["design"]["geometry_docs"])[0] + REDUCED["copy_windows"]

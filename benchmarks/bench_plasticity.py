@@ -12,7 +12,7 @@ plus Monte Carlo, :func:`qkplast.analysis.plasticity.pair_kernel`, the kernel
 enough to stay in cache, delta gathered row by row, ``mu`` as one
 matrix-vector product, ``v`` as one weighted sum of squares, and the Monte
 Carlo signs from a float32 product whose rounding bound certifies each sign
-(:func:`qkplast.analysis.signs.sign_sums`). Both start from the same data and pairs,
+(:func:`qkplast.analysis.certified_signs.sign_sums`). Both start from the same data and pairs,
 and their results are compared number by number (the Monte Carlo values must
 be identical). Then ``analyze()`` is timed by
 part: the thesis's metrics (PCA, rotation, plasticity; ``open_questions=False``),
@@ -20,7 +20,7 @@ which the issue's 1-second target is about, and the whole default call with the
 chapter "open questions" metrics (issue 22: under 3 s), which share the
 thesis's pass (moments, Householder basis, query model, key-pair differences). ``analyze()`` reads each chunk of heads once
 for all three analyses (:func:`qkplast.analysis.metrics.thesis_metrics`) and runs the
-chunks on every core (:func:`qkplast._torch.map_head_chunks`); the parts run
+chunks on every core (:func:`qkplast.tensors.map_head_chunks`); the parts run
 alone each read the heads themselves.
 
     python benchmarks/bench_plasticity.py [--heads 300] [--threads 2] [--device cpu] [--repeats 3]
@@ -35,12 +35,13 @@ import warnings
 
 import torch
 
-from qkplast._torch import SCRATCH_CPU_MB, auto_chunk, gram, map_head_chunks, matmul
+from qkplast.tensors import SCRATCH_CPU_MB, auto_chunk, gram, map_head_chunks, matmul
 from qkplast.analysis.metrics import analyze
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.pca import pca
+from qkplast.analysis.pairs import pair_plan
 from qkplast.analysis.plasticity import (bytes_per_head, closed_form_kernel, pair_closed_form, pair_kernel, plasticity,
-                                pair_plan, query_model, rotate)
+                                         query_model, rotate)
 from qkplast.analysis.rotation import rotation
 from qkplast.theory.planted import planted_capture
 
@@ -69,7 +70,7 @@ def dense_floor(q, k, lay, chunk):
     """The dense products analyze() cannot avoid, alone, computed as analyze() computes them, on the same
     chunks and threads: the scatter matrices of both clouds (``syrk`` through numpy's BLAS, float64), the
     pooled covariance's eigh (float64), and the Monte Carlo scores ``[pair, dim] x [dim, query]`` of every
-    bucket (float32, as :func:`qkplast.analysis.signs.sign_sums` computes them before certifying their signs). Their
+    bucket (float32, as :func:`qkplast.analysis.certified_signs.sign_sums` computes them before certifying their signs). Their
     time is a floor for analyze() on this BLAS."""
     n_bucket, n_pair = lay.pi.shape
     delta = torch.randn(1, n_bucket, n_pair, q.shape[-1])  # [1, bucket, pair, dim] float32; shape is what counts

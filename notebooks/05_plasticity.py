@@ -171,7 +171,8 @@ import qkplast
 import qkplast.results.figures as qp
 from qkplast.results import tables as results
 from qkplast.rundir import chapter_run
-from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plasticity, sample_key_pairs
+from qkplast.analysis.pairs import sample_key_pairs
+from qkplast.analysis.plasticity import PlasticityWarning, pair_statistics, plasticity
 
 run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
 capture, metrics = run.capture, run.metrics

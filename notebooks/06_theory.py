@@ -81,7 +81,8 @@ import qkplast
 import qkplast.results.figures as qp
 from qkplast.theory import checks as theory
 from qkplast.rundir import chapter_run
-from qkplast.analysis.plasticity import pair_statistics, sample_key_pairs
+from qkplast.analysis.pairs import sample_key_pairs
+from qkplast.analysis.plasticity import pair_statistics
 
 run = chapter_run(run_dir, globals())  # the run's settings from its manifest (defaults for a new run), -p overrides; prints what it holds
 capture, metrics = run.capture, run.metrics

@@ -109,14 +109,16 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-import qkplast.experiments.grid as qx
+import qkplast.experiments.head_interventions as qx
+import qkplast.results.intervention_figures as qf
+import qkplast.stats.intervention_readings as qs
 from qkplast.capture.corpus import open_corpus_for
 from qkplast.capture.models import load_for
 from qkplast.experiments.behavior import CopyDesign, document_windows
 from qkplast.experiments.calibrate import capture_windows
 from qkplast.rundir import chapter_run
 
-reg = qx.load_readings()  # studies/interventions-readings.yaml: readings, rules, design defaults
+reg = qs.load_readings()  # studies/interventions-readings.yaml: readings, rules, design defaults
 run = chapter_run(run_dir, globals())  # the run's settings from its manifest, -p overrides; prints what it holds
 opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
 analysis = {k: v for k, v in run.analysis.result_key().items() if k != "seed"}
@@ -128,7 +130,7 @@ vocab = int(loaded.model.config.get_text_config().vocab_size)
 print(f"{run.metrics.sizes['head']} heads of {run.capture.attrs['model']}; behaviour and geometry on {window}-token "
       f"windows; cells (second-copy position, distance): {design.cells}; matched context: {design.matched_context}")
 print(f"ablation: {ablation}; functional check: working when the mean copy NLL < {reg['working_fraction']} x ln {vocab} "
-      f"= {qx.working_threshold(vocab, reg['working_fraction']):.2f} nats per token")
+      f"= {qs.working_threshold(vocab, reg['working_fraction']):.2f} nats per token")
 
 # %% [markdown]
 # ## The readings and the decision rule, registered before the data
@@ -239,7 +241,7 @@ pd.DataFrame({"kind": grid.kind.values[targeted], "k": grid.k.values[targeted],
 # (null sets summarised by their median and range):
 
 # %%
-check = qx.functional_check(grid, reg["working_fraction"])
+check = qs.functional_check(grid, reg["working_fraction"])
 print(f"threshold: {check.attrs['fraction']} x ln {check.attrs['vocab']} = {check.attrs['threshold']:.3f} nats per token")
 check.groupby("kind", sort=False).agg(
     sets=("mean NLL", "size"), median_NLL=("mean NLL", "median"), min_NLL=("mean NLL", "min"),
@@ -268,7 +270,7 @@ for p in grid.position.values:
 pd.DataFrame(rows).set_index(["second copy at", "distance"]).round(3)
 
 # %%
-fig = qx.plot_cells(grid, k)
+fig = qf.plot_cells(grid, k)
 
 # %% [markdown]
 # ## Effects, cell by cell
@@ -278,18 +280,18 @@ fig = qx.plot_cells(grid, k)
 # of distance at a fixed absolute position and local context.
 
 # %%
-effects = qx.effect_table(grid, "nll")
+effects = qs.effect_table(grid, "nll")
 effects.set_index(["kind", "k", "position", "distance"]).round(3)
 
 # %%
-fig = qx.plot_effects(effects)
+fig = qf.plot_effects(effects)
 
 # %% [markdown]
 # Where each targeted ablation falls among its matched random sets (mean NLL effect over every cell, on the
 # windows the null sets measured):
 
 # %%
-fig = qx.plot_null(grid, k)
+fig = qf.plot_null(grid, k)
 
 # %% [markdown]
 # ## The clamps' geometry on held-out windows, and the plasticity reading's null
@@ -317,7 +319,7 @@ summary = pd.DataFrame({
         "mean ap_last20 plain": float(g["ap_last20 plain"].mean()),
         "mean ap_last20 clamped": float(g["ap_last20 clamped"].mean()),
     } for mode, g in checks.groupby("mode")})
-plasticity = {"target": qx.plasticity_change(checks), "null": null_clamp.change.values}
+plasticity = {"target": qs.plasticity_change(checks), "null": null_clamp.change.values}
 size = {"targeted": qx.clamp_size(calibrated[("key", k)], clamped),
         "null": np.concatenate([qx.clamp_size(c.clamp, c.heads) for c in null_conds])}
 print(f"drift per token each clamp removes (median |key_drift|): targeted {np.median(size['targeted']):.3g}, "
@@ -334,7 +336,7 @@ summary.round(3)
 # and the smallest contrast the reading could have detected (power 0.8 at Holm's first step).
 
 # %%
-verdicts = qx.readings(grid, reg, plasticity=plasticity)
+verdicts = qs.readings(grid, reg, plasticity=plasticity)
 verdicts.drop(columns=["reading", "measure"]).set_index("key").round(4)
 
 # %%

@@ -82,12 +82,12 @@ import time
 import numpy as np
 import pandas as pd
 
-import qkplast.results.open_figures as op
+import qkplast.results.extra_metrics as op
 from qkplast.analysis.gqa import gqa_similarity, gqa_testable
-from qkplast.experiments.conditions import (capture_conditions, condition_table, describe_conditions, mechanism_reading,
-                                            read_conditions, reseed_null)
+from qkplast.experiments.condition_captures import capture_conditions, reseed_null
 from qkplast.rundir import chapter_run
 from qkplast.results import tables as results
+from qkplast.stats.condition_readings import condition_table, describe_conditions, mechanism_reading, read_conditions
 from qkplast.stats.decision import holm, verdict
 
 started, started_cpu = time.perf_counter(), time.process_time()

@@ -12,7 +12,7 @@ from qkplast._version import __version__  # noqa: E402,F401
 # bars qkplast shows are text ones, so the warning only adds machine-specific paths to notebook outputs.
 _warnings.filterwarnings("ignore", message="IProgress not found")
 
-from qkplast.io import CaptureError, open_capture, open_dataset, save_capture, save_dataset, validate_capture  # noqa: E402
+from qkplast.capture_format import CaptureError, open_capture, open_dataset, save_capture, save_dataset, validate_capture  # noqa: E402
 from qkplast.options import AnalysisOptions, CaptureOptions  # noqa: E402
 from qkplast.analysis import analyze  # noqa: E402
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from qkplast.errors import QkplastError
+from qkplast.errors import ModelError, QkplastError
 
 
 class OptionsError(QkplastError):
@@ -29,13 +29,9 @@ class UnknownOptionError(QkplastError, TypeError):
     """An option name that the options class does not have (a TypeError too, as for a bad keyword)."""
 
 
-class ModelError(QkplastError):
-    """A model cannot be found, loaded or used with the requested settings (the message names the fix)."""
-
-
 EXECUTION_OPTIONS = ("device", "head_chunk")
 
-__all__ = ["AnalysisOptions", "CaptureOptions", "FieldSpec", "ModelError", "OptionsError", "PRESETS", "UnknownOptionError",
+__all__ = ["AnalysisOptions", "CaptureOptions", "FieldSpec", "OptionsError", "PRESETS", "UnknownOptionError",
            "coerce", "field_spec", "split_revision", "typed_option"]
 
 
@@ -151,7 +147,7 @@ class AnalysisOptions:
         thesis's own metrics (``benchmarks/bench_plasticity.py`` prints both);
         False leaves them out.
 
-    Model families beyond the thesis's (:func:`qkplast.analysis.views.analysis_vectors`)
+    Model families beyond the thesis's (:func:`qkplast.analysis.vectors.analysis_vectors`)
     ------------------------------------------------------------------------------------
     head_dims : {"all", "rotary", "non_rotary"}
         Which dimensions of each head are analysed. "all" (default): the whole

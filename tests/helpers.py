@@ -207,7 +207,7 @@ def fake_stage(monkeypatch, tmp_path):
         cap, _ = planted_capture(n_heads=2, dim=8, seq_len=options.seq_len, bucket_size=options.bucket_size,
                                  n_docs=options.docs, samples_per_bucket=2)
         cap.attrs.update(corpus=options.corpus, commit="0123abc")
-        from qkplast.io import save_capture
+        from qkplast.capture_format import save_capture
 
         save_capture(cap, out)
         return cap

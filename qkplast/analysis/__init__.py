@@ -3,7 +3,8 @@
 Never loads a model. :func:`analyze` (:mod:`~qkplast.analysis.metrics`) makes one pass over the heads:
 shared cloud moments (:mod:`~qkplast.analysis.moments`), PCA (:mod:`~qkplast.analysis.pca`), the planar
 rotation model (:mod:`~qkplast.analysis.rotation`) and attention plasticity
-(:mod:`~qkplast.analysis.plasticity`, with certified Monte Carlo signs in :mod:`~qkplast.analysis.signs`),
+(:mod:`~qkplast.analysis.plasticity`, on the key pairs of :mod:`~qkplast.analysis.pairs` and with certified
+Monte Carlo signs in :mod:`~qkplast.analysis.certified_signs`),
 then listwise plasticity (:mod:`~qkplast.analysis.listwise`) and the AP_drop decomposition
 (:mod:`~qkplast.analysis.decompose`). :mod:`~qkplast.analysis.gqa` and :mod:`~qkplast.analysis.pooling`
 read metrics or captures for their own questions.
@@ -12,7 +13,7 @@ read metrics or captures for their own questions.
 from qkplast.analysis.decompose import decompose_drop
 from qkplast.analysis.gqa import gqa_similarity
 from qkplast.analysis.metrics import analyze, thesis_metrics
-from qkplast.analysis.plasticity import PlasticityWarning
+from qkplast.analysis.pairs import PlasticityWarning
 from qkplast.analysis.pooling import pooling_table
 
 # pca, rotation, plasticity and listwise are both modules and their one public function: the functions stay

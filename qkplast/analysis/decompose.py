@@ -57,13 +57,13 @@ import numpy as np
 import torch
 import xarray as xr
 
-from qkplast._torch import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device,
+from qkplast.tensors import (SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device,
                             scratch, to_numpy)
 from qkplast.analysis.moments import cloud_moments
-from qkplast.analysis.plasticity import (KeyPairs, QueryModel, bytes_per_head, edge_masks, pair_kernel,  # noqa: F401
-                                         pairwise_plasticity, pair_plan, rotated_clouds, weighted_pair_mean,
-                                         weighted_square_sums)
-from qkplast.analysis.views import analysis_vectors
+from qkplast.analysis.pairs import pair_plan
+from qkplast.analysis.plasticity import (QueryModel, bytes_per_head, edge_masks, pair_kernel, pairwise_plasticity,
+                                         rotated_clouds, weighted_pair_mean, weighted_square_sums)
+from qkplast.analysis.vectors import analysis_vectors
 from qkplast.options import AnalysisOptions
 
 #: counterfactual (P, C) switches, in the order of the ``variant`` axis
@@ -137,7 +137,7 @@ def counterfactuals(model: QueryModel, key_slope: torch.Tensor, lay, usable: tor
     key_slope : Tensor ``[head, dim]``
         ``H beta_K``, the keys' slope over position in the same basis.
     lay
-        The plasticity layout (:func:`qkplast.analysis.plasticity.pair_plan`): ``tau``, pairs,
+        The plasticity layout (:func:`qkplast.analysis.pairs.pair_plan`): ``tau``, pairs,
         positions and pair weights.
     usable : Tensor ``[bucket]``
         Query counts of the buckets with statistics (0 for the others): the weights of the context average.
@@ -201,8 +201,9 @@ def counterfactual_ap(capture: xr.Dataset, options: AnalysisOptions | None = Non
 
     ``variant`` is labelled ``"P1C1"``, ``"P1C0"``, ``"P0C1"``, ``"P0C0"``; ``P1C1`` is ``ap`` itself. One
     pass over the heads: the closed form only (no Monte Carlo, no maps), the three counterfactual variants
-    evaluated on each block of key differences while it is in cache. ``pairs`` (:class:`KeyPairs`) replace the
-    drawn ones (see :func:`qkplast.analysis.plasticity.pairs_without`).
+    evaluated on each block of key differences while it is in cache. ``pairs``
+    (:class:`~qkplast.analysis.pairs.KeyPairs`) replace the drawn ones (see
+    :func:`qkplast.analysis.pairs.pairs_without`).
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     capture = analysis_vectors(capture, opt)  # head_dims, query_scale (identity under the defaults)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from qkplast._torch import as_f64, resolve_device, to_numpy
+from qkplast.tensors import as_f64, resolve_device, to_numpy
 
 
 def profile_distances(profiles: torch.Tensor) -> torch.Tensor:
@@ -135,8 +135,9 @@ def cross_profiles(capture: xr.Dataset, options=None, **overrides) -> xr.DataArr
     -------
     xarray.DataArray ``[head, kv_slot, query_bucket]`` with coord ``kv_head_of_slot`` ``[head, kv_slot]``.
     """
-    from qkplast._torch import head_vectors  # noqa: F401  (the same float64 conversion as the analysis)
-    from qkplast.analysis.plasticity import closed_form, pair_plan, weighted_pair_mean
+    from qkplast.tensors import head_vectors  # noqa: F401  (the same float64 conversion as the analysis)
+    from qkplast.analysis.pairs import pair_plan
+    from qkplast.analysis.plasticity import closed_form, weighted_pair_mean
     from qkplast.options import AnalysisOptions
 
     opt = AnalysisOptions.from_kwargs(options, **overrides)

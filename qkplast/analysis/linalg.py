@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from qkplast._torch import matmul
+from qkplast.tensors import matmul
 
 
 def householder_vector(x: torch.Tensor) -> torch.Tensor:

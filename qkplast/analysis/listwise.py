@@ -42,13 +42,14 @@ import torch
 import xarray as xr
 from scipy.special import gammaln
 
-from qkplast._torch import (LISTWISE_CPU_MB, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device,
+from qkplast.tensors import (LISTWISE_CPU_MB, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device,
                             scratch, to_numpy)
 from qkplast.analysis.moments import cloud_moments
-from qkplast.analysis.plasticity import (PlasticityWarning, QueryModel, Rotated, bytes_per_head, pair_kernel,
-                                         pair_plan, rotated_clouds, weighted_pair_mean)
-from qkplast.analysis.signs import float32_products_are_exact_ieee, sign_bound
-from qkplast.analysis.views import analysis_vectors
+from qkplast.analysis.pairs import PlasticityWarning, pair_plan
+from qkplast.analysis.plasticity import (QueryModel, Rotated, bytes_per_head, pair_kernel, rotated_clouds,
+                                         weighted_pair_mean)
+from qkplast.analysis.certified_signs import float32_products_are_exact_ieee, sign_bound
+from qkplast.analysis.vectors import analysis_vectors
 from qkplast.options import AnalysisOptions
 
 WHOLE = 0  # set size code of "the document's whole eligible set"
@@ -75,7 +76,7 @@ def draw_sets(capture: xr.Dataset, lay, opt: AnalysisOptions, size: int, n_sets:
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Key sets per query bucket: sample indices ``[bucket, set, slot]`` and a mask of used slots.
 
-    ``lay`` is the plasticity layout (:func:`qkplast.analysis.plasticity.pair_plan`).
+    ``lay`` is the plasticity layout (:func:`qkplast.analysis.pairs.pair_plan`).
     ``size == 2`` returns the pairwise estimator's pairs; ``size == 0`` one set per
     document, its whole eligible set (padded); otherwise ``n_sets`` sets of
     ``size`` distinct keys drawn as the module docstring says. A bucket without
@@ -297,7 +298,7 @@ def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx
         then whole rows, gathered as contiguous copies).
     bound : Tensor ``[head * row]``
         Each float32 score of that row is within ``bound`` of the exact one
-        (:func:`qkplast.analysis.signs.sign_bound` times ``||q|| max ||k||``).
+        (:func:`qkplast.analysis.certified_signs.sign_bound` times ``||q|| max ||k||``).
     idx, smask : Tensor ``[set, slot]``
         The sets, as indices into the candidate keys, and their used slots.
     exact : callable
@@ -422,7 +423,7 @@ def column_groups(n_head: int, rows: tuple[int, ...], device: torch.device) -> t
 def float32_scores(rows: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 scores ``[key, head * row]`` (keys first) of float64 ``rows`` ``[head, row, dim]`` against ``keys``
     ``[head, key, dim]`` and the rounding bound ``[head * row]`` of each row's scores (module
-    :mod:`qkplast.analysis.signs`); an infinite bound (every winner scored again) where float32 could
+    :mod:`qkplast.analysis.certified_signs`); an infinite bound (every winner scored again) where float32 could
     overflow or torch runs float32 products in a lower precision. :func:`float32_product` does the same from
     float32 copies and norms made beforehand, as :func:`listwise_kernel` makes them once per chunk."""
     key_norm = torch.linalg.vector_norm(keys, dim=-1).amax(-1, keepdim=True)  # [head, 1]
@@ -434,7 +435,7 @@ def float32_product(rows32: torch.Tensor, row_norm: torch.Tensor, keys32: torch.
                     key_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`float32_scores` from the float32 copies ``[head, row, dim]``, ``[head, key, dim]`` and the float64
     norms (``row_norm`` ``[head, row]`` of each row, ``key_norm`` ``[head, 1]`` the largest key's). The scores
-    are written to a scratch buffer (:func:`qkplast._torch.scratch`): valid until the thread's next call."""
+    are written to a scratch buffer (:func:`qkplast.tensors.scratch`): valid until the thread's next call."""
     dim = rows32.shape[-1]
     scale = row_norm * key_norm  # [head, row]: ||q|| max ||k||
     bound = sign_bound(dim) * scale + dim * torch.finfo(torch.float32).tiny  # [head, row]
@@ -716,7 +717,7 @@ def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str
 
     Both are per-head means over the query buckets where the listwise value is defined (so the two average
     the same buckets). The interval of ``rho`` is over documents
-    (:func:`qkplast.results.tables.listwise_document_intervals`), not over heads. Vectorised over permutations.
+    (:func:`qkplast.results.extra_metrics.listwise_document_intervals`), not over heads. Vectorised over permutations.
     """
     x, y = _pairwise_and_listwise(metrics, set_size, variable)
     if len(x) < 3:

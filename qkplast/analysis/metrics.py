@@ -6,16 +6,16 @@ import torch
 import xarray as xr
 
 from qkplast._version import __version__
-from qkplast.io import check_finite_vectors, validate_capture
-from qkplast.analysis.open_questions import (concat, decomposition_hook, listwise_chunk, open_plan,
+from qkplast.capture_format import check_finite_vectors, validate_capture
+from qkplast.analysis.extra_metrics import (concat, decomposition_hook, listwise_chunk, open_plan,
                                              open_questions_dataset)
 from qkplast.options import AnalysisOptions
-from qkplast.analysis.views import analysis_vectors
-from qkplast._torch import LISTWISE_CPU_MB, SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device
+from qkplast.analysis.vectors import analysis_vectors
+from qkplast.tensors import LISTWISE_CPU_MB, SCRATCH_CPU_MB, auto_chunk, head_vectors, map_head_chunks, resolve_device
 from qkplast.analysis.moments import cloud_moments
 from qkplast.analysis.pca import pca_dataset, pca_from_moments
-from qkplast.analysis.plasticity import (bytes_per_head, plasticity_dataset, plasticity_kernel, pair_plan,
-                                         rotated_clouds)
+from qkplast.analysis.pairs import pair_plan
+from qkplast.analysis.plasticity import bytes_per_head, plasticity_dataset, plasticity_kernel, rotated_clouds
 from qkplast.analysis.rotation import rotation_dataset, rotation_from_moments
 
 HEAD_COORDS = ("layer", "q_head", "kv_head", "rope")
@@ -33,8 +33,8 @@ def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset
     Each chunk of heads is read, converted to float64 and centred once
     (:func:`qkplast.analysis.moments.cloud_moments`); the three analyses share those
     moments, the plasticity's Householder basis, query model and key-pair differences serve the
-    open-questions metrics as well (:mod:`qkplast.analysis.open_questions`), and the chunks run on every
-    core (:func:`qkplast._torch.map_head_chunks`).
+    open-questions metrics as well (:mod:`qkplast.analysis.extra_metrics`), and the chunks run on every
+    core (:func:`qkplast.tensors.map_head_chunks`).
     """
     dev = resolve_device(opt.device)
     lay = pair_plan(capture, opt, dev, warn=True)
@@ -69,7 +69,7 @@ def analyze(capture: xr.Dataset, options: AnalysisOptions | None = None, **overr
     Parameters
     ----------
     capture : xarray.Dataset
-        A capture (see :mod:`qkplast.io`); validated first, so NaN/Inf vectors,
+        A capture (see :mod:`qkplast.capture_format`); validated first, so NaN/Inf vectors,
         wrong dims or a broken GQA mapping are errors.
     options : AnalysisOptions, optional
         Base options; keyword ``overrides`` replace single fields

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qkplast._torch import gram, matmul, scratch
+from qkplast.tensors import gram, matmul, scratch
 
 
 @dataclass
@@ -90,8 +90,8 @@ def cloud_moments(q: torch.Tensor, k: torch.Tensor, t: torch.Tensor, *, scatter:
         model need them, plasticity does not). Two-pass: centred first, so no
         ``E[x x^T] - mean mean^T`` cancellation.
 
-    Inside :func:`qkplast._torch.map_head_chunks` the centred clouds are
-    per-thread scratch buffers (:func:`qkplast._torch.scratch`), valid until the
+    Inside :func:`qkplast.tensors.map_head_chunks` the centred clouds are
+    per-thread scratch buffers (:func:`qkplast.tensors.scratch`), valid until the
     same thread's next call.
     """
     n = q.shape[1]

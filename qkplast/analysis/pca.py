@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from qkplast._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device, to_numpy
+from qkplast.tensors import as_f64, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device, to_numpy
 from qkplast.analysis.moments import CloudMoments, cloud_moments
 
 TAXONOMY = ("position-dominated", "q-positional", "content-focused", "mixed")

@@ -20,10 +20,11 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from qkplast._torch import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
+from qkplast.tensors import as_f64, auto_chunk, head_chunks, resolve_device, to_numpy
 from qkplast.options import AnalysisOptions
-from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import pair_closed_form, pair_plan, query_model, rotate, summarize_profile, weighted_pair_mean
+from qkplast.analysis.vectors import analysis_vectors
+from qkplast.analysis.pairs import pair_plan
+from qkplast.analysis.plasticity import pair_closed_form, query_model, rotate, summarize_profile, weighted_pair_mean
 
 
 def within_document_queries(qr: torch.Tensor, cell: torch.Tensor, n_cell: int, bucket_of_cell: torch.Tensor,

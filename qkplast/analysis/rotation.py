@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import xarray as xr
 
-from qkplast._torch import as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy
+from qkplast.tensors import as_f64, auto_chunk, head_vectors, map_head_chunks, resolve_device, to_numpy
 from qkplast.analysis.moments import CloudMoments, cloud_moments
 
 def _unit(v: torch.Tensor) -> torch.Tensor:

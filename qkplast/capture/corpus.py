@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from qkplast.errors import QkplastError
-from qkplast.shipped import resource_dir
+from qkplast.resources import resource_dir
 
 __all__ = [
     "CorpusError",
@@ -70,6 +70,7 @@ __all__ = [
     "Corpus",
     "Window",
     "WindowStats",
+    "shortfall",
     "NAMED_CORPORA",
     "SHORT_DOC_POLICIES",
     "open_corpus",
@@ -93,7 +94,7 @@ _STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "te
 PINNED_CORPORA = {"python-docs": ".rst.txt", "stdlib-code": ""}
 #: Appended to a pinned corpus's name, reads the installed files instead of the snapshot.
 INSTALLED = ":installed"
-#: Where the snapshots lie: the checkout's folder, or the wheel's copy (qkplast.shipped).
+#: Where the snapshots lie: the checkout's folder, or the wheel's copy (qkplast.resources).
 SNAPSHOT_FOLDER = "data/corpora"
 SNAPSHOT_FORMAT = 1
 #: Every archive member's mtime (2000-01-01 UTC): a fixed value, so that regenerating a snapshot gives the same bytes.
@@ -734,16 +735,41 @@ def count_windows(corpus: Corpus | Iterable[Document], tokenizer, options, *, st
     stats = WindowStats()
     windows = iter_windows(corpus, tokenizer, options.seq_len, short_docs=options.short_docs, stats=stats)
     n = sum(1 for _ in itertools.islice(windows, options.docs))
-    wanted = options.docs or 1
-    if strict and n < wanted:
-        spec = corpus.spec if isinstance(corpus, Corpus) else "in-memory documents"
-        raise CorpusError(
-            f"corpus {spec!r} yields {n} window(s) of {options.seq_len} tokens with short_docs={options.short_docs!r} "
-            f"({stats.documents_read} documents read, {stats.short_documents_skipped} shorter ones skipped, "
-            f"{stats.short_documents_left_over} left over), but {wanted} were asked for; "
-            + _fill_hint(spec, tokenizer, options, wanted)
-        )
+    problem = shortfall(corpus, tokenizer, options, n, stats) if strict else None
+    if problem is not None:
+        raise problem
     return n
+
+
+def shortfall(corpus, tokenizer, options, found: int, stats: WindowStats) -> CorpusError | None:
+    """The error :func:`count_windows` raises when ``found`` windows (read with ``stats``) are fewer than asked.
+
+    Parameters
+    ----------
+    corpus : Corpus or iterable of Document
+        Named in the message.
+    tokenizer, options
+        As for :func:`count_windows` (the hint counts other corpora with them).
+    found : int
+        Windows the corpus yielded, at most ``options.docs``.
+    stats : WindowStats
+        What reading them found (documents read, short ones skipped or left over).
+
+    Returns
+    -------
+    CorpusError or None
+        None when the corpus fills the request.
+    """
+    wanted = options.docs or 1
+    if found >= wanted:
+        return None
+    spec = corpus.spec if isinstance(corpus, Corpus) else "in-memory documents"
+    return CorpusError(
+        f"corpus {spec!r} yields {found} window(s) of {options.seq_len} tokens with short_docs={options.short_docs!r} "
+        f"({stats.documents_read} documents read, {stats.short_documents_skipped} shorter ones skipped, "
+        f"{stats.short_documents_left_over} left over), but {wanted} were asked for; "
+        + _fill_hint(spec, tokenizer, options, wanted)
+    )
 
 
 def _fill_hint(spec: str, tokenizer, options, wanted: int) -> str:

@@ -34,7 +34,7 @@ import xarray as xr
 from qkplast.capture.corpus import Corpus, Document, WindowStats, describe_policy, iter_windows
 from qkplast.capture.hooks import CAPTURE_ATTN, DELEGATES, UnsupportedModelError, capture_attn_name, register_capture_attention
 from qkplast.capture.hooks import text_decoder
-from qkplast.io import CaptureError, save_capture
+from qkplast.capture_format import CaptureError, save_capture
 from qkplast.capture.architecture import SUPPORTED_FAMILIES, LayerInfo, ArchitectureSpec, inspect_model
 from qkplast.options import CaptureOptions
 from qkplast.progress import progress_bar
@@ -102,7 +102,7 @@ def capture(
     Returns
     -------
     xarray.Dataset
-        The capture (see :mod:`qkplast.io`).
+        The capture (see :mod:`qkplast.capture_format`).
 
     Raises
     ------
@@ -126,20 +126,30 @@ def capture(
 
 
 def _capture(model, tokenizer, corpus, out: Path | None, options: CaptureOptions, *, overwrite: bool, progress,
-             model_info: dict | None) -> xr.Dataset:
-    """:func:`capture` once the output is locked and checked."""
+             model_info: dict | None, plan=None) -> xr.Dataset:
+    """:func:`capture` once the output is locked and checked.
+
+    With ``plan`` (the preflight of :func:`run_capture`, made from the same config, tokenizer and corpus) the
+    window and the kernel were checked before the weights loaded, and the corpus was cut into its windows then:
+    they are read from the plan, not cut again.
+    """
     from qkplast.capture.models import check_seq_len
 
     info = _model_info(model, model_info)
     options = _resolved(options, model, corpus, info)
-    check_seq_len(model.config, options.seq_len, rope_scaling=info.get("rope_scaling"))
+    if plan is None:
+        check_seq_len(model.config, options.seq_len, rope_scaling=info.get("rope_scaling"))
     capturer = Capturer(
         model, heads=options.heads, seed=options.seed, attn=options.attn, allow_unverified=options.allow_unverified
     )
-    capturer.check_kernel(options.seq_len)
+    if plan is None:
+        capturer.check_kernel(options.seq_len)
     store = PartStore(out, _manifest(options, info, corpus), overwrite)
-    stats = WindowStats()
-    windows = iter_windows(corpus, tokenizer, options.seq_len, short_docs=options.short_docs, stats=stats)
+    if plan is None:
+        stats = WindowStats()
+        windows = iter_windows(corpus, tokenizer, options.seq_len, short_docs=options.short_docs, stats=stats)
+    else:
+        stats, windows = plan.window_stats, iter(plan.kept_windows)
     last = None  # the last window's piece goes straight into the capture file, its part only if that fails
     bars = progress is True
     lines = ProgressLines(options.docs, options.seq_len) if progress == "lines" else None
@@ -386,15 +396,15 @@ def run_capture(
     overwrite: bool = False,
     progress: bool = True,
     loaded=None,
+    plan=None,
 ) -> xr.Dataset:
-    """Open the corpus, check it fills the windows, load the model (unless ``loaded``) and :func:`capture`.
+    """Check everything that needs no weight (once), load the model (unless ``loaded``) and capture.
 
     Everything that can be checked without weights is checked first, in
-    seconds: the output, the model name and revision (``owner/name@revision``
-    offline), ``seq_len`` against the (RoPE-scaled) config, the attention
-    kernel (:mod:`qkplast.capture.kernel_guard`), and -- with only the tokenizer loaded --
-    that the corpus yields ``options.docs`` windows
-    (:func:`qkplast.capture.corpus.count_windows`).
+    seconds: the output, then the preflight (:func:`qkplast.capture.plan.preflight`): the model name and
+    revision (``owner/name@revision`` offline), ``seq_len`` against the (RoPE-scaled) config, the attention
+    kernel (:mod:`qkplast.capture.kernel_guard`), and -- with only the tokenizer loaded -- that the corpus
+    yields ``options.docs`` windows. The capture reads the windows the preflight cut.
 
     Parameters
     ----------
@@ -406,6 +416,9 @@ def run_capture(
         See :func:`capture`.
     loaded : qkplast.capture.models.LoadedModel, optional
         An already loaded model (one load per batch); its ``info`` must name the same model.
+    plan : qkplast.capture.plan.CapturePlan, optional
+        The preflight of ``options``, made by the caller before any weights loaded (``qkplast run`` makes one
+        per capture); none of its checks is made again.
     """
     from qkplast.capture import corpus as corpus_module
     from qkplast.capture.models import load_for
@@ -413,7 +426,9 @@ def run_capture(
 
     out = Path(out)
     check_output(out, overwrite)
-    documents = corpus_module.open_corpus_for(options)
+    if plan is not None:
+        _check_plan(plan, options)
+    documents = corpus_module.open_corpus_for(options) if plan is None else plan.corpus
     if loaded is not None and loaded.info.get("model") != options.model:
         raise CaptureError(f"the loaded model is {loaded.info.get('model')!r} but the options name {options.model!r}")
     if loaded is not None and loaded.info.get("tokenizer") != options.tokenizer:
@@ -421,10 +436,23 @@ def run_capture(
             f"the loaded model carries tokenizer {loaded.info.get('tokenizer')!r} but the options name "
             f"{options.tokenizer!r}; load it with qkplast.capture.models.load_for(options)"
         )
-    options = preflight(options, documents, tokenizer=None if loaded is None else loaded.tokenizer)
-    if loaded is None:
-        loaded = load_for(options)
-    return capture(
-        loaded.model, loaded.tokenizer, documents, out, options, overwrite=overwrite, progress=progress,
-        model_info=loaded.info,
-    )
+    if plan is None:
+        # no memory plan: a capture alone checks none (qkplast run and qkplast plan do)
+        plan = preflight(options, documents, tokenizer=None if loaded is None else loaded.tokenizer,
+                         memory=False)
+    # the output was checked above: from here the lock keeps a second writer out while the weights load and the
+    # windows are captured, so the check is not repeated under it
+    with output_lock(out):
+        if loaded is None:
+            loaded = load_for(plan.options)
+        return _capture(loaded.model, loaded.tokenizer, documents, out, plan.options, overwrite=overwrite,
+                        progress=progress, model_info=loaded.info, plan=plan)
+
+
+def _check_plan(plan, options: CaptureOptions) -> None:
+    """Refuse a plan made for other options than ``options`` (lengths left to the model's config excepted)."""
+    resolved = replace(options, seq_len=options.seq_len or plan.options.seq_len,
+                       bucket_size=options.bucket_size or plan.options.bucket_size)
+    if resolved != plan.options or plan.kept_windows is None:
+        raise CaptureError("the plan passed to run_capture was made for other options (or is not a capture's "
+                           "preflight); make it with qkplast.capture.plan.preflight(options)")

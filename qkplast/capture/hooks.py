@@ -26,7 +26,7 @@ import contextvars
 import sys
 from contextlib import contextmanager
 
-from qkplast.io import CaptureError
+from qkplast.capture_format import CaptureError
 
 CAPTURE_ATTN = "qkplast_capture"
 DELEGATES = ("sdpa", "eager")

@@ -36,7 +36,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkplast.options import ModelError, split_revision
+from qkplast.errors import ModelError
+from qkplast.options import split_revision
 
 __all__ = [
     "ModelError",
@@ -46,7 +47,7 @@ __all__ = [
     "embedded_gguf_path",
     "prepare_default_model",
     "parse_rope_scaling",
-    "resolve_device",
+    "loading_device",
     "resolve_dtype",
     "max_sequence_length",
     "default_seq_len",
@@ -259,10 +260,18 @@ def primary_device(device: str) -> str:
     return "cuda" if device == MULTI_GPU else device
 
 
-def resolve_device(device: str = "auto") -> str:
-    """``auto`` is ``cuda`` when a GPU is visible, else ``cpu``; anything else is checked and returned.
+def loading_device(device: str = "auto") -> str:
+    """The device a model's weights are loaded onto, as a string (``auto``: ``cuda`` when a GPU is visible).
 
-    ``cuda:all`` (:data:`MULTI_GPU`) spreads the weights over every visible GPU.
+    Anything but ``auto`` is checked and returned. A string, not a :class:`torch.device` (unlike
+    :func:`qkplast.tensors.resolve_device`, which places analysis tensors): ``cuda:all`` (:data:`MULTI_GPU`),
+    which spreads the weights over every visible GPU, is no torch device, and :func:`load_model` turns the
+    string into its ``device_map``.
+
+    Raises
+    ------
+    ModelError
+        A malformed device, or a CUDA device when torch sees none.
     """
     import torch
 
@@ -575,7 +584,7 @@ def load_model(
     ModelError
         Unknown name or path, revision not cached offline, unreadable checkpoint, bad device/dtype/override.
     """
-    device = resolve_device(device)
+    device = loading_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     local_files_only = _offline() if local_files_only is None else local_files_only
     config, info = load_config(name, revision=revision, rope_scaling=rope_scaling, local_files_only=local_files_only)

@@ -3,7 +3,7 @@
 :func:`plan_capture` reads only the model's config and tokenizer (no weight)
 and the corpus (tokenized, not run), and predicts
 
-* the windows the corpus yields for the options (:func:`qkplast.capture.corpus.count_windows`);
+* the windows the corpus yields for the options (:func:`qkplast.capture.corpus.iter_windows`, one pass);
 * the heads sampled: the layout predicted from the config
   (:func:`qkplast.capture.architecture.architecture_from_config`) and the same draw as the capture
   (:func:`qkplast.capture.sampling.sample_heads`);
@@ -38,8 +38,11 @@ run makes (notebook 09's code) to what its corpus yields.
 memory (:mod:`qkplast.capture.kernel_guard`), whose corpus is too short, or whose peak
 exceeds the device's memory. ``str(plan)`` is a readable table.
 
-:func:`preflight` is the part :func:`qkplast.capture.driver.run_capture` runs before
-it loads any weight.
+One plan is the *preflight* of one capture: :func:`preflight` (``plan_capture(..., strict=True)``) loads the
+config and the tokenizer once, counts the corpus's windows once (keeping them, so the capture does not cut the
+corpus again), and raises at the first check that fails, in the order a capture meets them (window, device,
+kernel, corpus). The plan is passed whole to :func:`qkplast.capture.driver.run_capture` (``plan=``), which
+then checks nothing again; ``qkplast run`` makes one per capture before any weights load.
 """
 
 from __future__ import annotations
@@ -211,6 +214,20 @@ class CapturePlan:
         Memory of the device, given or detected.
     kernel_problem : str or None
         Why the attention kernel would need ``seq_len^2`` memory (:func:`qkplast.capture.kernel_guard.kernel_problem`).
+    length_problem : str or None
+        Why ``seq_len`` exceeds the (RoPE-scaled) config (:func:`qkplast.capture.models.check_seq_len`).
+    config, model_info
+        The model's config (RoPE override applied) and its provenance, as :func:`qkplast.capture.models.load_config`
+        returned them: loaded once per plan.
+    tokenizer
+        The tokenizer that counted the windows (None when they were not counted).
+    corpus : qkplast.capture.corpus.Corpus or None
+        The corpus the windows were counted in.
+    kept_windows : list of qkplast.capture.corpus.Window or None
+        The windows themselves when the plan is a capture's preflight (:func:`preflight`): the capture reads them
+        instead of cutting the corpus again.
+    window_stats : qkplast.capture.corpus.WindowStats or None
+        What counting them read (the capture records it).
     """
 
     options: CaptureOptions
@@ -233,6 +250,12 @@ class CapturePlan:
     logits_gb: float = 0.0
     gpus: int = 1
     length_problem: str | None = None
+    config: object = field(default=None, repr=False, compare=False)
+    model_info: dict = field(default_factory=dict, repr=False, compare=False)
+    tokenizer: object = field(default=None, repr=False, compare=False)
+    corpus: object = field(default=None, repr=False, compare=False)
+    kept_windows: list | None = field(default=None, repr=False, compare=False)
+    window_stats: object = field(default=None, repr=False, compare=False)
 
     def problems(self) -> list[str]:
         """One line per reason the capture cannot run as planned."""
@@ -249,6 +272,18 @@ class CapturePlan:
         if memory:
             found.append(memory)
         return found
+
+    def corpus_error(self):
+        """The error a capture raises for a corpus that yields fewer windows than asked, or None.
+
+        :func:`qkplast.capture.corpus.shortfall` on what the plan counted (its hint counts other corpora, so it is
+        made only when asked for); None when the windows were not counted.
+        """
+        from qkplast.capture.corpus import shortfall
+
+        if self.windows is None:
+            return None
+        return shortfall(self.corpus, self.tokenizer, self.options, self.windows, self.window_stats)
 
     def memory_problem(self) -> str | None:
         """Why the expected peak does not fit the device, with the ways out; None when it fits."""
@@ -328,37 +363,23 @@ def _kernel_problem(options: CaptureOptions, config, device: str, dtype) -> str 
                           options.seq_len, n_q, n_kv)
 
 
-def _count_windows(documents, tokenizer, options: CaptureOptions, strict: bool) -> int | None:
-    from qkplast.capture import corpus as corpus_module
+def preflight(options: CaptureOptions, documents=None, tokenizer=None, *, device_memory_gb: float | None = None,
+              gpus: int | None = None, memory: bool = True) -> CapturePlan:
+    """The plan of a capture about to run, raising at the first problem; every check that needs no weight, once.
 
-    count = getattr(corpus_module, "count_windows", None)
-    if count is None:  # older corpus module: nothing to count with
-        return None
-    return count(documents, tokenizer, options, strict=strict)
+    ``plan_capture(..., strict=True)``: the corpus opened (unless ``documents``), the config loaded (revision
+    resolved offline, RoPE override applied), ``seq_len`` against it, the device, the attention kernel, the
+    tokenizer (``options.tokenizer``, else the model's own; unless ``tokenizer``) cutting the corpus's windows
+    (kept for the capture) and refusing fewer than ``options.docs``. The memory figures are computed (unless
+    ``memory`` is False), not checked: ``plan.memory_problem()`` says whether they fit.
 
-
-def preflight(options: CaptureOptions, documents, tokenizer=None) -> CaptureOptions:
-    """Everything :func:`qkplast.capture.driver.run_capture` checks before loading weights; returns resolved options.
-
-    The config (revision resolved offline, RoPE override applied) bounds
-    ``seq_len``; the kernel guard runs on the config's head counts; the
-    tokenizer alone (``options.tokenizer``, else the model's own) counts the
-    corpus's windows (raising when there are fewer than ``options.docs``).
+    Returns
+    -------
+    CapturePlan
+        Pass it to :func:`qkplast.capture.driver.run_capture` (``plan=``); ``plan.options`` are the resolved options.
     """
-    from qkplast.capture.kernel_guard import KernelError
-    from qkplast.capture.models import check_seq_len, load_config, resolve_device, resolve_dtype, tokenizer_for
-
-    config, info = load_config(options.model, revision=options.revision, rope_scaling=options.rope_scaling)
-    options = _resolve_lengths(options, config)
-    check_seq_len(config, options.seq_len, rope_scaling=info["rope_scaling"])
-    device = resolve_device(options.device)
-    problem = _kernel_problem(options, config, device, resolve_dtype(options.dtype, device))
-    if problem is not None:
-        raise KernelError(problem)
-    if tokenizer is None:
-        tokenizer = tokenizer_for(options)
-    _count_windows(documents, tokenizer, options, strict=True)
-    return options
+    return plan_capture(options, device_memory_gb=device_memory_gb, gpus=gpus, documents=documents,
+                        tokenizer=tokenizer, strict=True, memory=memory)
 
 
 def _parameter_count(config) -> int:
@@ -390,7 +411,8 @@ def _device_memory_gb(device: str) -> float | None:
 
 
 def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = None, count: bool = True,
-                 gpus: int | None = None) -> CapturePlan:
+                 gpus: int | None = None, documents=None, tokenizer=None, strict: bool = False,
+                 memory: bool = True) -> CapturePlan:
     """Plan the capture ``options`` describe, from the config, tokenizer and corpus alone (no weights).
 
     Parameters
@@ -404,33 +426,65 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
         Count the corpus's windows (tokenizing it); False plans the memory alone.
     gpus : int, optional
         GPUs the weights are spread over with ``device="cuda:all"`` (default: the visible ones, at least 1).
+    documents : Corpus, optional
+        The corpus, already open (default: opened from ``options``).
+    tokenizer : optional
+        The tokenizer that cuts the corpus (default: loaded from ``options``, once).
+    strict : bool
+        The preflight of a capture about to run (:func:`preflight`): the device must exist here, the first
+        problem is raised (the window, the device, the kernel, the corpus, in that order) and the windows are
+        kept for the capture.
+    memory : bool
+        Sample the heads and plan the memory (the model built on the meta device); False leaves those fields
+        at zero (a capture that checks no memory needs neither).
 
     Returns
     -------
     CapturePlan
         Print it for the table; :meth:`CapturePlan.check` raises when it cannot run.
     """
-    from qkplast.capture.corpus import open_corpus_for
-    from qkplast.capture.architecture import architecture_from_config
-    from qkplast.capture.models import MULTI_GPU, ModelError, check_seq_len, load_config, resolve_dtype, tokenizer_for
-    from qkplast.capture.sampling import sample_heads
+    from qkplast.capture.corpus import open_corpus_for, shortfall
+    from qkplast.capture.kernel_guard import KernelError
+    from qkplast.capture.models import ModelError, check_seq_len, load_config, loading_device, resolve_dtype
 
+    if strict and count and documents is None:
+        documents = open_corpus_for(options)  # a corpus that cannot be read is named before the model is resolved
     config, info = load_config(options.model, revision=options.revision, rope_scaling=options.rope_scaling)
     options = _resolve_lengths(options, config)
-    device = _planned_device(options.device)
-    dtype = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
     try:
         check_seq_len(config, options.seq_len, rope_scaling=info["rope_scaling"])
         length_problem = None
     except ModelError as exc:
+        if strict:
+            raise
         length_problem = str(exc)
+    # a capture needs its device here; a plan may be made for a GPU elsewhere
+    device = loading_device(options.device) if strict else _planned_device(options.device)
+    dtype = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
+    kernel = _kernel_problem(options, config, device, dtype)
+    if strict and kernel is not None:
+        raise KernelError(kernel)
+    counted = _windows(options, documents, tokenizer, keep=strict) if count else _Counted()
+    if strict and count and counted.found < (options.docs or 1):
+        raise shortfall(counted.corpus, counted.tokenizer, options, counted.found, counted.stats)
+    device_memory_gb = device_memory_gb if device_memory_gb is not None else _device_memory_gb(device)
+    return CapturePlan(
+        options=options, commit=info.get("commit"), device=device, dtype=dtype, windows=counted.found,
+        windows_wanted=options.docs, device_memory_gb=device_memory_gb, kernel_problem=kernel,
+        length_problem=length_problem, config=config, model_info=info, tokenizer=counted.tokenizer,
+        corpus=counted.corpus, kept_windows=counted.kept, window_stats=counted.stats,
+        **(_layout_and_memory(options, config, device, dtype, gpus) if memory else {"heads": 0, "heads_eligible": 0}),
+    )
+
+
+def _layout_and_memory(options: CaptureOptions, config, device: str, dtype: str, gpus: int | None) -> dict:
+    """The heads sampled and the expected peak memory (weights counted on the meta device), as plan fields."""
+    from qkplast.capture.architecture import architecture_from_config
+    from qkplast.capture.models import MULTI_GPU
+    from qkplast.capture.sampling import sample_heads
+
     layout = architecture_from_config(config)
     heads = sample_heads(layout, options.heads, options.seed)
-    windows = None
-    if count:
-        documents = open_corpus_for(options)
-        tokenizer = tokenizer_for(options)
-        windows = _count_windows(documents, tokenizer, options, strict=False)
     n_params = _parameter_count(config)
     per = _BYTES[dtype]
     spread = max(1, gpus if gpus is not None else _visible_gpus()) if device == MULTI_GPU else 1
@@ -439,28 +493,42 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
     activations_gb = bytes_per_token * options.seq_len / _GB
     logits_gb = logits_pass_gb(config, options.seq_len, dtype)
     overhead = CUDA_OVERHEAD_GB if device.startswith("cuda") else 0.0
-    return CapturePlan(
-        options=options,
-        commit=info.get("commit"),
-        device=device,
-        dtype=dtype,
-        windows=windows,
-        windows_wanted=options.docs,
-        heads=len(heads),
-        heads_eligible=heads.n_eligible,
-        eligible_layers=layout.eligible_layers,
-        excluded_layers=layout.excluded(),
-        n_params=n_params,
-        weights_gb=weights_gb,
-        activations_gb=activations_gb,
-        peak_gb=weights_gb + max(activations_gb, logits_gb) + overhead,
-        bytes_per_token=bytes_per_token,
-        device_memory_gb=device_memory_gb if device_memory_gb is not None else _device_memory_gb(device),
-        kernel_problem=_kernel_problem(options, config, device, dtype),
-        logits_gb=logits_gb,
-        gpus=spread,
-        length_problem=length_problem,
-    )
+    return dict(heads=len(heads), heads_eligible=heads.n_eligible, eligible_layers=layout.eligible_layers,
+                excluded_layers=layout.excluded(), n_params=n_params, weights_gb=weights_gb,
+                activations_gb=activations_gb, peak_gb=weights_gb + max(activations_gb, logits_gb) + overhead,
+                bytes_per_token=bytes_per_token, logits_gb=logits_gb, gpus=spread)
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """One pass over a corpus: the windows found, and what the plan keeps of it."""
+
+    found: int | None = None
+    tokenizer: object = None
+    corpus: object = None
+    kept: list | None = None
+    stats: object = None
+
+
+def _windows(options: CaptureOptions, documents, tokenizer, keep: bool) -> _Counted:
+    """Cut the corpus into at most ``options.docs`` windows, once: counted, and kept when ``keep``.
+
+    The windows a capture reads are these same ones (same documents, tokenizer, ``seq_len`` and policy, stopped
+    at ``docs``), so the statistics of this pass are the ones the capture records.
+    """
+    import itertools
+
+    from qkplast.capture.corpus import WindowStats, iter_windows, open_corpus_for
+    from qkplast.capture.models import tokenizer_for
+
+    documents = open_corpus_for(options) if documents is None else documents
+    tokenizer = tokenizer_for(options) if tokenizer is None else tokenizer
+    stats = WindowStats()
+    windows = itertools.islice(
+        iter_windows(documents, tokenizer, options.seq_len, short_docs=options.short_docs, stats=stats), options.docs)
+    kept = list(windows) if keep else None
+    found = len(kept) if keep else sum(1 for _ in windows)
+    return _Counted(found, tokenizer, documents, kept, stats)
 
 
 def _visible_gpus() -> int:

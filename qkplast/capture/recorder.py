@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from qkplast.capture.hooks import attention_switched, recording_into, register_capture_attention, text_decoder
-from qkplast.io import CaptureError
+from qkplast.capture_format import CaptureError
 from qkplast.capture.kernel_guard import check_kernel, device_capability, restricted_sdpa
 from qkplast.capture.architecture import inspect_model
 from qkplast.capture.sampling import sample_heads

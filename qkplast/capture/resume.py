@@ -5,7 +5,7 @@ With an output path ``OUT``, every finished document is written atomically to
 model provenance and library versions). A run started again with the same
 manifest reuses the parts and continues; a different manifest is refused
 unless ``overwrite``. ``OUT`` is written atomically at the end
-(:func:`qkplast.io.save_capture`), then the parts are removed; an existing
+(:func:`qkplast.capture_format.save_capture`), then the parts are removed; an existing
 ``OUT`` is never replaced without ``overwrite``. A run that fails (an error,
 NaN in a vector, a kill) leaves the parts of the documents it finished. The
 last document goes straight into ``OUT`` (its part would be written only to
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import xarray as xr
 
-from qkplast.io import CaptureError, open_dataset, save_dataset
+from qkplast.capture_format import CaptureError, open_dataset, save_dataset
 
 __all__ = ["PartStore", "check_output", "output_lock"]
 

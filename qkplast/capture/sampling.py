@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qkplast.io import CaptureError
+from qkplast.capture_format import CaptureError
 
 if TYPE_CHECKING:
     from qkplast.capture.architecture import ArchitectureSpec

@@ -2,8 +2,10 @@
 
 Head ablation and the bias clamp (:mod:`~qkplast.experiments.intervene`, calibrated layer by layer in
 :mod:`~qkplast.experiments.calibrate`), behaviour by distance (:mod:`~qkplast.experiments.behavior`),
-captures under controlled conditions (:mod:`~qkplast.experiments.conditions`) and the interventions
-grid of chapter 12 (:mod:`~qkplast.experiments.grid`).
+captures under controlled conditions (:mod:`~qkplast.experiments.condition_captures`) and the interventions
+grid of chapter 12 (:mod:`~qkplast.experiments.head_interventions`). Their readings are in :mod:`qkplast.stats`
+(:mod:`~qkplast.stats.condition_readings`, :mod:`~qkplast.stats.intervention_readings`), the grid's figures in
+:mod:`~qkplast.results.intervention_figures`.
 """
 
 from qkplast.experiments.behavior import copy_by_distance, loss_by_position, passkey_by_depth

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from qkplast._torch import to_numpy
+from qkplast.tensors import to_numpy
 from qkplast.capture.hooks import attention_transform, text_decoder
 from qkplast.experiments.intervene import (CLAMP_MODES, AttentionModules, InterventionError, apply_clamp, heads_by_layer, clamp_tensors,
                         metrics_head_index)

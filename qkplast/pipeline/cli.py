@@ -22,7 +22,7 @@ from qkplast.pipeline.cli_capture import add_capture_flags, add_capture_parser, 
 from qkplast.pipeline.cli_study import add_study_parser
 from qkplast.pipeline.cli_train import add_train_parser
 from qkplast.pipeline.flags import add_option_flags, given_options
-from qkplast.rundir.directory import STAGES
+from qkplast.rundir.products import STAGES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,7 +57,7 @@ def add_analysis_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from qkplast.analysis.metrics import analyze
-    from qkplast.io import open_capture, save_dataset
+    from qkplast.capture_format import open_capture, save_dataset
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -125,10 +125,11 @@ def _dry_run(capture, notebook: dict, device_memory_gb: float | None) -> int:
     with quiet_transformers():
         plan = plan_capture(capture, device_memory_gb=device_memory_gb)
         print(plan)
-        code = size_code_capture(plan.options, notebook.get("code_corpus", CODE_CORPUS))
+        # the tokenizer the run's plan loaded sizes and plans the code capture too
+        code = size_code_capture(plan.options, notebook.get("code_corpus", CODE_CORPUS), tokenizer=plan.tokenizer)
         print(f"\n{code.note}")
         if code.options is not None:
-            code_plan = plan_capture(code.options, device_memory_gb=device_memory_gb)
+            code_plan = plan_capture(code.options, device_memory_gb=device_memory_gb, tokenizer=plan.tokenizer)
             problems = code_plan.problems()
             print(f"code capture: expected peak {code_plan.peak_gb:.2f} GiB; "
                   + ("fits" if not problems else "would be left out: " + "; ".join(problems))

@@ -12,7 +12,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from qkplast.shipped import resource_dir
+from qkplast.resources import resource_dir
 from qkplast.options import AnalysisOptions, CaptureOptions, FieldSpec, UnknownOptionError, coerce, typed_option
 
 __all__ = ["NOTEBOOK_DIR", "declared_parameters", "notebook_parameters", "notebook_paths", "parameters_cell",
@@ -56,7 +56,7 @@ def declared_parameters(path: Path) -> dict:
 
 def notebook_paths(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     """The book's notebooks, ``NN_*.ipynb`` in order."""
-    from qkplast.rundir.directory import RunError
+    from qkplast.rundir.products import RunError
 
     paths = sorted(Path(directory).glob("[0-9][0-9]_*.ipynb"))
     if not paths:

@@ -4,7 +4,7 @@
 (every capture the notebooks read, one model load per model, released before anything else),
 :func:`analyze_stage` (metrics and the document bootstrap of each capture) and :func:`notebook_stage`
 (papermill, ``jobs`` kernels at once). It stops after ``stage``; a rerun reuses every finished
-capture, analysis and notebook (see :mod:`qkplast.rundir.directory`).
+capture, analysis and notebook (see :mod:`qkplast.rundir.products`).
 """
 
 from __future__ import annotations
@@ -16,25 +16,25 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from qkplast._torch import release_gpu_memory
+from qkplast.tensors import release_gpu_memory
 from qkplast._version import package_versions
-from qkplast.capture.plan import CodeCapture
+from qkplast.capture.plan import CapturePlan, CodeCapture
 from qkplast.errors import QkplastError
-from qkplast.io import open_capture, open_dataset
+from qkplast.capture_format import open_capture, open_dataset
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.pipeline.params import declared_parameters, notebook_paths
 from qkplast.progress import is_terminal
-from qkplast.rundir.directory import (CODE_DIR, STAGES, RunError, check_same_capture, checkpoint_dir,
+from qkplast.rundir.products import (CODE_DIR, STAGES, RunError, check_same_capture, checkpoint_dir,
                                       checkpoint_options, checkpoint_slug, clear_leftover_parts, ensure_capture,
                                       load_or_analyze, load_or_bootstrap,
                                       read_manifest, run_settings, write_manifest)
 
-__all__ = ["CODE_CORPUS", "RunResult", "Target", "analyze_stage", "capture_stage", "check_windows", "code_capture",
-           "notebook_stage", "run"]
+__all__ = ["CODE_CORPUS", "RunResult", "Target", "analyze_stage", "capture_stage", "check_before_weights",
+           "check_memory", "check_windows", "code_capture", "notebook_stage", "run"]
 
 #: Corpus of the code capture that notebook 09 sets beside the prose (its ``code_corpus`` parameter).
 CODE_CORPUS = "stdlib-code"
@@ -60,10 +60,11 @@ class Target(NamedTuple):
     optional: bool = False  # the code capture: its failure is recorded in the manifest, never raised
 
 
-def code_capture(out: Path, capture: CaptureOptions, parameters: dict, previous: dict) -> CodeCapture:
+def code_capture(out: Path, capture: CaptureOptions, parameters: dict, previous: dict, tokenizer=None) -> CodeCapture:
     """The code capture of notebook 09, sized to what its corpus yields (:func:`qkplast.capture.plan.size_code_capture`).
 
     A rerun reuses the sizing its manifest recorded for the same corpus and capture settings (no tokenizing).
+    ``tokenizer``: the run's, when its preflight loaded it (otherwise loaded here).
     """
     from qkplast.capture.models import quiet_transformers
     from qkplast.capture.plan import size_code_capture
@@ -73,7 +74,7 @@ def code_capture(out: Path, capture: CaptureOptions, parameters: dict, previous:
     if record.get("corpus") == corpus and record.get("main") == capture.result_key() and record.get("status") != "failed":
         return CodeCapture.from_dict(record)
     with quiet_transformers():
-        return size_code_capture(capture, corpus)
+        return size_code_capture(capture, corpus, tokenizer=tokenizer)
 
 
 def _targets(out: Path, capture: CaptureOptions, parameters: dict, code: CodeCapture) -> list[Target]:
@@ -88,46 +89,63 @@ def _targets(out: Path, capture: CaptureOptions, parameters: dict, code: CodeCap
     return targets
 
 
-def check_windows(options: CaptureOptions) -> None:
-    """Everything checkable without weights (config, kernel, and the corpus filling the windows), in seconds."""
-    from qkplast.capture.corpus import open_corpus_for
+def check_windows(options: CaptureOptions, **shared) -> CapturePlan:
+    """The preflight of one capture (:func:`qkplast.capture.plan.preflight`): everything checkable without weights
+    (config, window, device, kernel, and the corpus filling the windows), in seconds, raising at the first problem.
+
+    ``shared``: ``tokenizer=``, the run's tokenizer when another capture of the run loaded it already;
+    ``memory=False``, no memory plan.
+    """
     from qkplast.capture.models import quiet_transformers
     from qkplast.capture.plan import preflight
 
     with quiet_transformers():
-        preflight(options, open_corpus_for(options))
+        return preflight(options, **shared)
 
 
-def check_memory(options: CaptureOptions, device_memory_gb: float | None = None) -> None:
-    """Refuse a capture whose planned peak memory exceeds the device (config only, no weights, no corpus)."""
-    from qkplast.capture.models import quiet_transformers
-    from qkplast.capture.plan import PlanError, plan_capture
+def check_memory(plan: CapturePlan, device_memory_gb: float | None = None) -> None:
+    """Refuse a capture whose planned peak memory exceeds the device (``device_memory_gb``: default the plan's)."""
+    from qkplast.capture.plan import PlanError
 
-    with quiet_transformers():
-        problem = plan_capture(options, device_memory_gb=device_memory_gb, count=False).memory_problem()
+    if device_memory_gb is not None:
+        plan = replace(plan, device_memory_gb=device_memory_gb)
+    problem = plan.memory_problem()
     if problem:
         raise PlanError(f"{problem}; or pass --no-memory-check to try anyway")
 
 
-def check_before_weights(target: Target, memory_check: bool = True, device_memory_gb: float | None = None) -> None:
-    """Every check of one capture that needs no weights: same settings as a capture already there, and, when it
-    is still to be made, the corpus filling the windows and (unless ``memory_check`` is False) the memory plan."""
-    check_same_capture(target.run_dir, target.options)
-    if not (target.run_dir / "capture.nc").exists():
-        check_windows(target.options)
-        if memory_check:
-            check_memory(target.options, device_memory_gb)
+def check_before_weights(target: Target, memory_check: bool = True, device_memory_gb: float | None = None, *,
+                         tokenizer=None, settings_checked: bool = False) -> CapturePlan | None:
+    """Every check of one capture that needs no weights, each once: same settings as a capture already there
+    (unless ``settings_checked``: the caller just did), and, when it is still to be made, its preflight
+    (:func:`check_windows`) and (unless ``memory_check`` is False) the memory the preflight planned.
+
+    Returns the preflight, for :func:`qkplast.rundir.products.ensure_capture` (None when the capture exists).
+    """
+    if not settings_checked:
+        check_same_capture(target.run_dir, target.options)
+    if (target.run_dir / "capture.nc").exists():
+        return None
+    # only what differs from a preflight's defaults: the tokenizer when there is one to share, no memory plan
+    # (no model built on the meta device) when memory is not checked
+    shared = {**({} if tokenizer is None else {"tokenizer": tokenizer}), **({} if memory_check else {"memory": False})}
+    plan = check_windows(target.options, **shared)
+    if memory_check:
+        check_memory(plan, device_memory_gb)
+    return plan
 
 
 def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | None = None, *,
-                  memory_check: bool = True, device_memory_gb: float | None = None, checked=()) -> int:
+                  memory_check: bool = True, device_memory_gb: float | None = None, checked=None,
+                  tokenizer=None) -> int:
     """Every missing capture, one load per model (released before the next and before returning).
 
     The corpora and (unless ``memory_check`` is False) the planned peak memory are checked (config and
-    tokenizer only) before any weights load (:func:`check_before_weights`; not again for the run directories
-    in ``checked``). An optional target (the code capture)
-    that fails is left out and its error recorded in ``skipped`` (run directory -> message); any other
-    failure is raised. Returns the number of model loads.
+    tokenizer only) before any weights load (:func:`check_before_weights`), once per capture: ``checked`` maps
+    run directories already checked to their preflight (None when nothing is left to capture there), and
+    each preflight is passed whole to the capture. ``tokenizer``: the run's, shared by the preflights. An
+    optional target (the code capture) that fails is left out and its error recorded in ``skipped`` (run
+    directory -> message); any other failure is raised. Returns the number of model loads.
     """
     from qkplast.capture.models import load_for, release_model
 
@@ -142,9 +160,11 @@ def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | 
             skipped[target.run_dir] = f"the code capture failed and is left out ({exc})"
             print(f"[qkplast run] {skipped[target.run_dir]}", file=sys.stderr, flush=True)
 
+    plans = dict(checked or {})
     for target in targets:
-        if target.run_dir not in checked:
-            attempt(target, lambda: check_before_weights(target, memory_check, device_memory_gb))
+        if target.run_dir not in plans:
+            plans[target.run_dir] = attempt(target, lambda: check_before_weights(
+                target, memory_check, device_memory_gb, tokenizer=tokenizer))
     missing = [t for t in targets if t.run_dir not in skipped and not (t.run_dir / "capture.nc").exists()]
     for target in targets:  # made by an earlier attempt, which may have been killed before clearing its parts
         if target not in missing:
@@ -160,7 +180,7 @@ def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | 
                           f"{target.options.seq_len} tokens -> {target.run_dir / 'capture.nc'}", file=sys.stderr,
                           flush=True)
                 attempt(target, lambda: ensure_capture(target.run_dir, target.options, analysis, loaded=loaded,
-                                                       progress=progress))
+                                                       progress=progress, plan=plans.get(target.run_dir)))
         finally:
             release_model(loaded)
             loaded = None  # the last reference, so that the collection below frees the weights
@@ -380,8 +400,10 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
 
         manifest["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     write_manifest(out, {**previous, **manifest})
-    check_before_weights(Target(out, capture), memory_check, device_memory_gb)  # the run's own first, in seconds
-    code = code_capture(out, capture, parameters, previous)
+    # the run's own first, in seconds (its settings were checked when the directory was opened)
+    plan = check_before_weights(Target(out, capture), memory_check, device_memory_gb, settings_checked=True)
+    tokenizer = None if plan is None else plan.tokenizer
+    code = code_capture(out, capture, parameters, previous, tokenizer)
     manifest["code"] = {"corpus": parameters.get("code_corpus", CODE_CORPUS), "main": capture.result_key(),
                         **code.to_dict()}
     if progress:
@@ -392,7 +414,7 @@ def run(capture: CaptureOptions | None = None, out=None, *, analysis: AnalysisOp
     t0 = time.perf_counter()
     skipped = {}
     capture_stage(targets, analysis, progress, skipped, memory_check=memory_check, device_memory_gb=device_memory_gb,
-                  checked={out})
+                  checked={out: plan}, tokenizer=tokenizer)
     _timed(manifest, "capture", t0)
     if out / CODE_DIR in skipped:
         manifest["code"].update(status="failed", note=skipped[out / CODE_DIR])

@@ -330,30 +330,35 @@ def _gpu_memory(resources: dict) -> float | None:
 
 
 def _validate_run(spec: RunSpec, counted: dict, executor: str) -> tuple[str | None, str]:
-    from qkplast.capture.corpus import count_windows, open_corpus_for
-    from qkplast.capture.models import check_seq_len, load_config, quiet_transformers, tokenizer_for
+    """One run's plan (:func:`qkplast.capture.plan.plan_capture`: config and tokenizer loaded once, the corpus
+    counted once per corpus setting across the study) and its problems raised in turn: window, kernel, memory,
+    corpus. The device need not exist on this host (a GPU run is validated on a login node)."""
+    from qkplast.capture.models import ModelError, quiet_transformers
     from qkplast.capture.plan import PlanError, plan_capture
 
     o = spec.capture
     cuda = o.device.startswith("cuda")
     memory = _gpu_memory(spec.resources) if cuda else (spec.resources.get("mem_gb") if executor == "slurm" else None)
+    # the windows depend on the tokenizer and the resolved window only: one count per such setting
+    key = (o.model, o.revision, o.tokenizer, o.corpus, o.text_field, o.id_field, o.seq_len, o.short_docs, o.docs)
     with quiet_transformers():
-        config, info = load_config(o.model, revision=o.revision, rope_scaling=o.rope_scaling)
-        tokenizer = tokenizer_for(o)
-        plan = plan_capture(o, device_memory_gb=memory, count=False, gpus=max(1, gpus_per_job(spec)))
-        check_seq_len(config, plan.options.seq_len, rope_scaling=info["rope_scaling"])
+        plan = plan_capture(o, device_memory_gb=memory, count=key not in counted, gpus=max(1, gpus_per_job(spec)))
+        if plan.length_problem:
+            raise ModelError(plan.length_problem)
         if plan.kernel_problem:
             raise PlanError(plan.kernel_problem)
         problem = plan.memory_problem()
         if problem:
             raise PlanError(problem + " (resources.gpu_memory_gb / gpu_type)")
-        p = plan.options
-        key = (o.model, o.revision, p.corpus, p.text_field, p.id_field, p.seq_len, p.short_docs, p.docs)
         if key not in counted:
-            counted[key] = count_windows(open_corpus_for(p), tokenizer, p, strict=True)
+            error = plan.corpus_error()
+            if error is not None:
+                raise error
+            counted[key] = plan.windows
+    p = plan.options
     checked = (f"expected peak {plan.peak_gb:.1f} GiB of {plan.device_memory_gb:.0f}" if plan.device_memory_gb
                else "memory not checked (set resources.gpu_memory_gb)")
-    return info.get("commit"), f"{counted[key]} windows of {p.seq_len} tokens; {checked}"
+    return plan.commit, f"{counted[key]} windows of {p.seq_len} tokens; {checked}"
 
 
 def _submittable(study: Study, runs: list[RunSpec], stage: str, echo) -> list[RunSpec]:

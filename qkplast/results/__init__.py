@@ -2,5 +2,6 @@
 
 The thesis's reported figures (:mod:`~qkplast.results.reference`), this project's tables against them
 (:mod:`~qkplast.results.tables`), tables across the runs of a study (:mod:`~qkplast.results.crossrun`)
-and the figures (:mod:`~qkplast.results.figures`, :mod:`~qkplast.results.open_figures`).
+and the figures (:mod:`~qkplast.results.figures`, :mod:`~qkplast.results.extra_metrics`,
+:mod:`~qkplast.results.intervention_figures`).
 """

@@ -16,16 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 import xarray as xr
 
 from qkplast.results import reference
 from qkplast.results import tables as results
 from qkplast.results.summary import compare, context_profiles
-from qkplast.rundir.directory import open_metrics
+from qkplast.rundir.products import open_metrics
 from qkplast.rundir.study_file import Study, load_study
-
-N_BOOT = 1000
+from qkplast.stats.bootstrap import head_bootstrap
 
 
 def as_study(study: str | os.PathLike | Study) -> Study:
@@ -45,20 +43,6 @@ def study_metrics(study: str | os.PathLike | Study) -> dict[str, xr.Dataset]:
 def missing_runs(study: str | os.PathLike | Study) -> list[str]:
     study = as_study(study)
     return [r.name for r in study.runs if not (r.run_dir / "metrics.nc").exists()]
-
-
-def head_bootstrap(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the mean over heads, resampling heads with replacement.
-
-    One vectorised draw of ``n_boot x n_heads`` indices (float64). It measures how much the model-level
-    mean depends on which heads were sampled, not the variation over documents.
-    """
-    x = torch.as_tensor(values[~np.isnan(values)], dtype=torch.float64)  # [head]
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, len(x), (n_boot, len(x)), generator=gen)  # [replicate, head]
-    means = x[idx].mean(1)  # [replicate]
-    q = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
-    return float(q[0]), float(q[1])
 
 
 def table_6_1(study: str | os.PathLike | Study, include_thesis: bool = True) -> pd.DataFrame:
@@ -213,5 +197,5 @@ def write_compare(study: str | os.PathLike | Study, out: str | os.PathLike) -> l
 
 
 __all__ = ["benchmark_figure", "benchmark_matches", "compare_tables", "geometry_across", "profiles_figure",
-           "head_bootstrap", "is_checkpoint_series", "missing_runs", "profiles", "study_metrics", "table_6_1",
+           "is_checkpoint_series", "missing_runs", "profiles", "study_metrics", "table_6_1",
            "thesis_model", "trajectory", "write_compare"]

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import xarray as xr
 
-from qkplast.shipped import resource_dir
+from qkplast.resources import resource_dir
 
 __all__ = [
     "DATA_DIR", "ReferenceDataError", "available", "citation_key", "data_dir", "load", "longbench",
@@ -47,7 +47,7 @@ def data_dir() -> Path:
     Returns
     -------
     pathlib.Path
-        ``data/thesis`` of the checkout, or the wheel's copy (:func:`qkplast.shipped.resource_dir`).
+        ``data/thesis`` of the checkout, or the wheel's copy (:func:`qkplast.resources.resource_dir`).
 
     Raises
     ------

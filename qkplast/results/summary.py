@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import xarray as xr
 
-from qkplast.rundir.directory import RunError, open_metrics
+from qkplast.rundir.products import RunError, open_metrics
 from qkplast.rundir.study_file import STUDY_JSON, load_study
 
 __all__ = ["SUMMARY", "compare", "context_profiles", "expand_runs", "summarize"]

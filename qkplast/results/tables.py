@@ -8,18 +8,15 @@ statement of whether the two are comparable and, if not, why.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 from scipy import stats
 
-from qkplast.analysis.listwise import listwise, listwise_means, pairwise_predicts_listwise
-from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.options import AnalysisOptions
+from qkplast.stats.intervals import JACKKNIFE_BELOW, PLAIN_FROM_JACKKNIFE_BELOW
 from qkplast.results import reference
-from qkplast.stats.intervals import leave_two_out, needs_leave_two_out, policy_interval, t_interval
 
 #: (label, thesis fact name in scalar_facts.csv, function of the metrics, scale to the fact's unit)
 GEOMETRY = (
@@ -110,7 +107,6 @@ def edge_buckets(metrics: xr.Dataset, options=None) -> pd.DataFrame:
     buckets (with 16 buckets and the midpoint rule: 2 usable against 3), so their
     sampling noise differs too.
     """
-    from qkplast.options import AnalysisOptions
     from qkplast.analysis.plasticity import edge_masks
 
     opt = AnalysisOptions.from_kwargs(options, **metrics.attrs.get("options", {})) if options is None else options
@@ -275,17 +271,15 @@ def thesis_lc_positions() -> pd.DataFrame:
     return table.rename(columns=labels.to_dict()).rename_axis(index="checkpoint", columns="positions")
 
 
-# --------------------------------------------------------------------------- verdict tables (chapters 07, 12, 13)
+# --------------------------------------------------------------------------- tables of inference made in qkplast.stats
 
 
 def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, level: float = 0.95) -> pd.DataFrame:
     """AP_drop and its four parts (:mod:`qkplast.analysis.decompose`): means over heads with the policy's interval
-    over documents (jackknife-t, each document left out and the capture re-analysed), and the share of heads
-    with a positive value."""
+    over documents (:func:`qkplast.stats.bootstrap.document_interval`: jackknife-t, each document left out and the
+    capture re-analysed), and the share of heads with a positive value."""
     from qkplast.analysis.decompose import TERMS, model_level_terms
     from qkplast.stats.bootstrap import document_interval
-
-    from qkplast.options import AnalysisOptions
 
     names = ["ap_drop", *TERMS]
     opt = options or AnalysisOptions()
@@ -299,44 +293,11 @@ def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, 
     return out
 
 
-def gqa_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: int = 2000, seed: int = 0,
-              level: float = 0.95) -> pd.DataFrame:
-    """The GQA coordination statistic ``T`` (:mod:`qkplast.analysis.gqa`) with both nulls and an interval over documents.
-
-    Rows: the closed-form profiles ``ap``. Columns: ``T``, the within-layer label-permutation null (mean,
-    p) and the null that keeps every head's keys (:func:`qkplast.analysis.gqa.gqa_key_null`; mean, p), and the
-    policy's interval of ``T`` over documents (each left-out capture's closed-form profiles). Groups
-    share their keys, so the label null's p counts similarity the keys alone build in; the key null's does not.
-    """
-    from qkplast.analysis.gqa import cross_profiles, gqa_key_null, gqa_similarity
-    from qkplast.analysis.plasticity import closed_form_ap
-    from qkplast.options import AnalysisOptions
-    from qkplast.stats.bootstrap import document_interval
-
-    opt = AnalysisOptions.from_kwargs(options)
-    labels = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
-    keys = gqa_key_null(metrics, cross_profiles(capture, opt), n_perm=n_perm, seed=seed)
-
-    def statistic(cap):
-        ap, _ = closed_form_ap(cap, opt)
-        return float(gqa_similarity(metrics.assign(ap=(("head", "query_bucket"), ap)), "ap", n_perm=1).statistic)
-
-    ci = document_interval(capture, statistic, level, estimate=float(labels.statistic))
-    out = pd.DataFrame({"T": [float(labels.statistic)], f"{int(100 * level)}% lo": [float(ci["lo"])],
-                        f"{int(100 * level)}% hi": [float(ci["hi"])], "within group": [float(labels.within)],
-                        "between groups": [float(labels.between)], "label null mean": [float(labels.null_mean)],
-                        "p (labels permuted)": [float(labels.p_value)], "key null mean": [float(keys.null_mean)],
-                        "p (keys kept)": [float(keys.p_value)]}, index=pd.Index(["ap (closed form)"], name="profile"))
-    out.attrs.update(n_perm=n_perm, method=f"{_interval_words(ci['interval'])} over documents; nulls: "
-                                           f"{labels.attrs['method']}; {keys.attrs['method']}")
-    return out
-
-
 def coverage_results(path=None) -> pd.DataFrame:
     """The stored coverage table of ``benchmarks/bench_coverage.py`` (``data/coverage.csv``)."""
     from pathlib import Path
 
-    from qkplast.shipped import resource_dir
+    from qkplast.resources import resource_dir
 
     path = Path(path) if path is not None else resource_dir("data") / "coverage.csv"  # the checkout's, or the wheel's
     if not path.exists():
@@ -349,13 +310,31 @@ def coverage_results(path=None) -> pd.DataFrame:
 POLICY_METHODS = ("policy", "policy (re-analysed)")
 
 
+def policy_rows(table: pd.DataFrame, unbounded: bool = False) -> pd.DataFrame:
+    """The coverage table's rows of the policy's interval as the policy now reads
+    (:func:`qkplast.stats.intervals.interval_policy`, by quantity and number of units).
+
+    The rows ``policy`` / ``policy (re-analysed)`` (with ``unbounded``: their ``(unbounded)`` variants), except for a
+    quantity of :data:`qkplast.stats.intervals.PLAIN_FROM_JACKKNIFE_BELOW` (its name before any `` (...)`` suffix)
+    from ``JACKKNIFE_BELOW`` documents on, whose policy is the plain jackknife-t: its ``jackknife-t`` rows. A table
+    measured before the policy took the plain interval for those quantities has them in its ``policy`` rows too;
+    this selection reads the interval the policy uses now.
+    """
+    methods = ("policy (unbounded)", "policy (re-analysed, unbounded)") if unbounded else POLICY_METHODS
+    plain_methods = tuple(m.replace("policy", "jackknife-t", 1) for m in methods)
+    base = table.quantity.str.replace(r" \(.*\)$", "", regex=True)
+    plain = base.isin(PLAIN_FROM_JACKKNIFE_BELOW) & (table.docs >= JACKKNIFE_BELOW)
+    return table[(~plain & table.method.isin(methods)) | (plain & table.method.isin(plain_methods))]
+
+
 def coverage_summary(table: pd.DataFrame, n_docs: int) -> pd.DataFrame:
     """Coverage of each method at each document count (columns), per world and quantity (rows), as printed;
     and, in ``attrs``, the smallest coverage of the policy's interval at ``n_docs`` documents over every
     world and quantity (``policy_min``, its binomial standard error ``policy_min_se``) and where it occurs,
     the fewest replicates of any cell and the document counts measured."""
     wide = table.pivot_table(index=["world", "quantity", "method"], columns="docs", values="coverage", sort=False)
-    policy = table[(table.docs == n_docs) & table.method.isin(POLICY_METHODS)]
+    policy = policy_rows(table)
+    policy = policy[policy.docs == n_docs]
     worst = policy.loc[policy.coverage.idxmin()] if len(policy) else None
     wide.attrs.update(policy_min=float(worst.coverage) if worst is not None else float("nan"),
                       policy_min_se=float(worst.coverage_se) if worst is not None else float("nan"),
@@ -363,118 +342,3 @@ def coverage_summary(table: pd.DataFrame, n_docs: int) -> pd.DataFrame:
                       replicates=int(table.replicates.min()), docs=sorted(int(d) for d in table.docs.unique()))
     return wide
 
-
-def corrections_verdicts(readings: list[dict], alpha: float = 0.05) -> pd.DataFrame:
-    """The corrections page's empirical verdicts, decided together with Holm's correction.
-
-    Each reading has ``item``, ``p`` (its permutation or t p-value) and, when the item has a contrast with
-    an interval over documents, ``estimate``, ``lo``, ``hi`` and ``claim``. A reading is "confirmed" when
-    its Holm-adjusted p is below ``alpha`` and, where it has an interval, the interval lies on the claimed
-    side of zero (:func:`qkplast.stats.decision.verdict`); "contradicted" when the interval lies on the other
-    side with the adjusted p below ``alpha``; otherwise "not distinguishable from the null" (no interval)
-    or "left open" (an interval that does not decide, or that is undefined: NaN ends).
-    """
-    from qkplast.stats.decision import holm, verdict
-
-    out = pd.DataFrame(readings).set_index("item")
-    out["p (Holm)"] = holm(out["p"].to_numpy())
-    has_interval = ["lo" in r for r in readings]  # an item with a contrast over documents, defined or not
-    words = []
-    for (_, r), interval in zip(out.iterrows(), has_interval):
-        if not np.isfinite(r["p"]):
-            words.append("left open")  # the statistic is undefined on this capture (stats.decision.null_verdict)
-        elif interval and not (np.isfinite(r["lo"]) and np.isfinite(r["hi"])):
-            words.append("left open")  # its interval is undefined (too few effective documents): p alone decides nothing
-        elif interval:
-            w = verdict(r.estimate, r.lo, r.hi, r["p (Holm)"], claim=r.claim, alpha=alpha)
-            words.append({"supported": "confirmed"}.get(w, w))
-        else:
-            words.append("confirmed" if r["p (Holm)"] < alpha else "not distinguishable from the null")
-    out["verdict"] = words
-    out.attrs["rule"] = (f"Holm across {len(out)} readings at {alpha}; an interval over documents, where the item has "
-                         "one, must lie on the claimed side of zero")
-    return out
-
-
-def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, options: AnalysisOptions | None = None,
-                                level: float = 0.95, n_perm: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Listwise means and the pairwise-listwise correlation with intervals over documents.
-
-    Documents are the unit: heads share documents and queries, so a bootstrap over heads is not an interval
-    over the data. Each quantity is recomputed with each document left out (:func:`qkplast.analysis.listwise.listwise` on the
-    capture without it), and below 8 documents with each pair left out, and the policy's interval, the bias-corrected
-    jackknife-t (``n - 1`` degrees of freedom), is built from those
-    values (:func:`qkplast.stats.intervals.policy_interval`; for the correlation on Fisher's ``z = atanh(rho)``, mapped
-    back, so it stays inside [-1, 1]). The correlation also gets a permutation p-value
-    of no association across the heads (head labels of one side shuffled; two-sided).
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per set size: ``buckets with sets``, ``model`` and ``captured`` means with their intervals,
-        and for m != 2 ``rho`` with its interval and ``p_perm``.
-    """
-    opt = AnalysisOptions.from_kwargs(options, **{k: v for k, v in metrics.attrs.get("options", {}).items()
-                                                  if k in AnalysisOptions.__dataclass_fields__}) if options is None else options
-    docs = np.unique(capture.doc.values)
-    full = listwise_means(metrics)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlasticityWarning)
-        without = lambda left: listwise_means(listwise(capture.isel(  # noqa: E731
-            sample=np.flatnonzero(~np.isin(capture.doc.values, left))), opt))
-        jack = [without([d]) for d in docs]
-        jack2 = [without(docs[list(p)]) for p in leave_two_out(len(docs))] if needs_leave_two_out(len(docs)) else None
-    keys = list(full)
-    # the correlations on Fisher's z = atanh(rho), where the jackknife-t is close to symmetric, and back with
-    # tanh, so their intervals stay inside [-1, 1]; the means on their own scale
-    is_rho = np.array([k[1] == "rho" for k in keys])
-    to_z = lambda v: np.where(is_rho, np.arctanh(np.clip(v, -1 + 1e-12, 1 - 1e-12)), v)  # noqa: E731
-    values = lambda js: to_z(np.array([[j.get(k, np.nan) for k in keys] for j in js]))  # noqa: E731
-    ci = policy_interval(to_z(np.array([full[k] for k in keys])), values(jack),
-                         values(jack2) if jack2 is not None else None, level)
-    lo, hi = (np.where(is_rho, np.tanh(ci[e]), ci[e]) for e in ("lo", "hi"))
-    iv = {k: (lo[i], hi[i]) for i, k in enumerate(keys)}
-    rows = []
-    for m in metrics.set_size.values:
-        m = int(m)
-        row = {"set size": "whole set" if m == 0 else m, "buckets with sets": int((metrics.n_sets.sel(set_size=m) > 0).sum())}
-        for name, label in (("ap_set", "model"), ("ap_set_mc", "captured")):
-            row[label], (lo, hi) = full[(m, name)], iv[(m, name)]
-            row[f"{label} {int(100 * level)}% CI"] = f"[{lo:.3f}, {hi:.3f}]"
-        if m != 2:
-            row["rho"], (lo, hi) = full[(m, "rho")], iv[(m, "rho")]
-            row[f"rho {int(100 * level)}% CI"] = f"[{lo:.3f}, {hi:.3f}]"
-            # fewer than 3 heads with both values (a tiny model, a large set): no correlation, so no p-value
-            row["p_perm"] = (pairwise_predicts_listwise(metrics, m, n_perm=n_perm, seed=seed)["p_perm"]
-                             if np.isfinite(full[(m, "rho")]) else np.nan)
-        rows.append(row)
-    out = pd.DataFrame(rows).set_index("set size")
-    out.attrs["method"] = (f"{_interval_words(ci['interval'])} over {len(docs)} documents ({len(docs) - 1} degrees of "
-                           "freedom), each left-out capture re-analysed; permutation p over heads for rho")
-    return out
-
-
-def nearest_mass_table(metrics: xr.Dataset, level: float = 0.95) -> pd.DataFrame:
-    """Softmax mass on the nearest eligible bucket per query bucket, with Student's t intervals over documents.
-
-    Each document's value is the mean over heads of the mass its own queries put on its own keys
-    (``nearest_mass_doc``, ``nearest_mass_position_doc``, ``nearest_share_doc``); the interval is over those
-    per-document values (``n - 1`` degrees of freedom), the estimate their mean.
-    """
-    rows = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        per_doc = {"positional term alone": metrics.nearest_mass_position_doc.mean("head").values,
-                   "full scores": metrics.nearest_mass_doc.mean("head").values,
-                   "equal scores": metrics.nearest_share_doc.values}  # each [bucket, document]
-    for b, qb in enumerate(metrics.query_bucket.values):
-        row = {"query bucket": int(qb)}
-        for label, v in per_doc.items():
-            t = t_interval(v[b], level)
-            row[label] = float(t["estimate"])
-            row[f"{label} {int(100 * level)}% CI"] = (f"[{float(t['lo']):.3f}, {float(t['hi']):.3f}]"
-                                                      if np.isfinite(t["lo"]) else "")
-        rows.append(row)
-    out = pd.DataFrame(rows).set_index("query bucket")
-    out.attrs["method"] = f"Student's t over {metrics.sizes['document']} documents (per-document means over heads)"
-    return out

@@ -1,12 +1,12 @@
 """The run directory: a run's products on disk (manifest, capture, metrics, bootstrap, cached results) and the
 study file that names many runs; every product reused when its key matches, recomputed when its code changed.
 
-:mod:`~qkplast.rundir.directory` reads and writes one run directory (:func:`load_run` is what a notebook
+:mod:`~qkplast.rundir.products` reads and writes one run directory (:func:`load_run` is what a notebook
 calls; :func:`cached` is the one cache every product goes through); :mod:`~qkplast.rundir.study_file`
 parses a study file into run specs without submitting anything.
 """
 
-from qkplast.rundir.directory import (STAGES, Run, RunError, cached, chapter_run, checkpoint_dir, checkpoint_metrics, load_or_analyze,
+from qkplast.rundir.products import (STAGES, Run, RunError, cached, chapter_run, checkpoint_dir, checkpoint_metrics, load_or_analyze,
                                       load_or_bootstrap, load_or_capture, load_run, open_metrics, run_settings)
 from qkplast.rundir.study_file import RunSpec, Study, StudyError, load_study, parse_study
 

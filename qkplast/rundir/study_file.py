@@ -30,7 +30,7 @@ from pathlib import Path
 
 from qkplast.errors import QkplastError
 from qkplast.options import AnalysisOptions, CaptureOptions, split_revision
-from qkplast.rundir.directory import STAGES
+from qkplast.rundir.products import STAGES
 
 #: run directory files written by the study machinery
 DONE, STATE, ATTEMPTS = "study-done.json", "study-state.json", "study-attempts.jsonl"

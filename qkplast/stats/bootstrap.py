@@ -47,12 +47,13 @@ import torch
 import xarray as xr
 from scipy import stats
 
-from qkplast._torch import as_f64, resolve_device
+from qkplast.tensors import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
 from qkplast.progress import progress_bar
-from qkplast.analysis.views import analysis_vectors
+from qkplast.analysis.vectors import analysis_vectors
 from qkplast.analysis.plasticity import closed_form_ap, summarize_profile
-from qkplast.stats.intervals import (SIGNED_RANGE, UNIT_RANGE, jackknife_t, leave_two_out, needs_leave_two_out,
+from qkplast.stats.intervals import (SIGNED_RANGE, UNIT_RANGE, interval_policy, jackknife_t, leave_two_out,
+                                     needs_leave_two_out,
                                      policy_interval)
 from qkplast.stats.reweight import STATISTICS, reweighted_statistics, supports
 from qkplast.analysis.rotation import rotation_kernel
@@ -239,8 +240,9 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
     jt, jbc = jackknife_t(est, jack, level, **bounds), jackknife_t(est, jack, level, bias_correct=True, **bounds)
     jbc2 = jackknife_t(est, jack, level, bias_correct=True, jackknife2=jack2, **bounds) if want_two else \
         {k: np.full_like(est, np.nan) for k in ("lo", "hi", "se", "p")}
-    pol = policy_interval(est, jack, jack2 if want_two else None, level, **bounds)
-    policy = pol["interval"]
+    pol = policy_interval(est, jack, jack2 if want_two else None, level, quantity=list(METRICS), **bounds)
+    policy = interval_policy(n_docs)  # the metrics' interval; a metric may differ (``interval``, the policy by quantity)
+    per_metric = np.broadcast_to(np.asarray(pol["interval"], dtype=object), est.shape).astype(str)  # [metric]
     how = ("per-document sufficient statistics reweighted, batched over replicates (key pairs of the full capture, "
            "weighted by document copies)" if method == "reweight" else
            "each replicate materialised and re-analysed, key pairs redrawn")
@@ -265,6 +267,7 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
             "se_jackknife": ("metric", jt["se"]),
             "se_jackknife_bc2": ("metric", jbc2["se"]),
             "p_jackknife": ("metric", pol["p"]),
+            "interval": ("metric", per_metric),
             "reason": ("metric", pol["reason"].astype(str)),
             "bias": ("metric", bias),
             "se": ("metric", se),
@@ -279,7 +282,7 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
         attrs={"n_boot": n_boot, "level": level, "seed": seed, "n_docs": n_docs, "computation": method,
                "interval": policy,
                "method": (f"bootstrap over documents, {n_boot} replicates ({how}); lo/hi: the policy's interval for "
-                          f"{n_docs} documents ({INTERVAL_NAMES[policy]}); lo_basic/hi_basic: basic, "
+                          f"{n_docs} documents ({INTERVAL_NAMES[policy]}{_exceptions(per_metric, policy)}); lo_basic/hi_basic: basic, "
                           f"lo_percentile/hi_percentile: percentile, lo_bca/hi_bca: BCa (acceleration from the "
                           f"jackknife over {n_docs} documents), lo_jackknife_t/hi_jackknife_t: jackknife-t with "
                           f"{n_docs - 1} degrees of freedom around the estimate, lo_jackknife_bc/hi_jackknife_bc: "
@@ -291,8 +294,14 @@ def bootstrap(capture: xr.Dataset, n_boot: int = DEFAULT_REPLICATES, level: floa
     return ds
 
 
+def _exceptions(per_metric: np.ndarray, policy: str) -> str:
+    """``"; ap_drop: jackknife-t"`` for the metrics whose interval differs from ``policy`` (variable ``interval``)."""
+    other = [f"{m}: {INTERVAL_NAMES[p]}" for m, p in zip(METRICS, per_metric) if p != policy]
+    return "; " + ", ".join(other) if other else ""
+
+
 #: the words for each interval method, as tables and pages print them
-INTERVAL_NAMES = {"jackknife_t": "jackknife-t", "jackknife_bc": "bias-corrected jackknife-t",
+INTERVAL_NAMES = {"jackknife": "jackknife-t", "jackknife_t": "jackknife-t", "jackknife_bc": "bias-corrected jackknife-t",
                   "jackknife_bc2": "two-level bias-corrected jackknife-t", "bca": "BCa",
                   "basic": "basic", "percentile": "percentile"}
 
@@ -309,7 +318,7 @@ def document_jackknife(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions
     two, a vector of them); each leave-one-out capture is re-analysed whole (query model, fit), so the
     values carry every source of document-to-document variation. With ``pairs_of`` (the analysis options)
     the key pairs are drawn once, on the whole capture, and each left-out capture keeps its share of them
-    (:func:`qkplast.analysis.plasticity.pairs_without`): ``statistic(capture, pairs=...)`` is then called, and
+    (:func:`qkplast.analysis.pairs.pairs_without`): ``statistic(capture, pairs=...)`` is then called, and
     the leave-one-out values do not carry a fresh draw of pairs each (which a bias correction, multiplying
     their deviations by ``n - 1``, would amplify).
     """
@@ -331,7 +340,7 @@ def document_jackknife2(capture: xr.Dataset, statistic, pairs_of: AnalysisOption
 
 def _documents_left_out(capture: xr.Dataset, statistic, pairs_of, groups) -> np.ndarray:
     """``statistic`` of the capture without each group of documents, key pairs drawn once when ``pairs_of``."""
-    from qkplast.analysis.plasticity import pairs_without, sample_key_pairs
+    from qkplast.analysis.pairs import pairs_without, sample_key_pairs
 
     full = sample_key_pairs(capture, pairs_of) if pairs_of is not None else None
     out = []
@@ -344,14 +353,15 @@ def _documents_left_out(capture: xr.Dataset, statistic, pairs_of, groups) -> np.
 
 
 def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estimate=None,
-                      pairs_of: AnalysisOptions | None = None, bounds=None) -> dict:
+                      pairs_of: AnalysisOptions | None = None, bounds=None, quantity=None) -> dict:
     """The policy's interval over documents for any model-level ``statistic`` of a capture, from the jackknife.
 
     The policy (:func:`qkplast.stats.intervals.interval_policy`) is the bias-corrected jackknife-t; each
     left-out capture is re-analysed whole, with the whole capture's key pairs when ``pairs_of`` (the
     analysis options) is given (:func:`document_jackknife`), and below 8 documents each capture without two
     of them as well (:func:`document_jackknife2`), for the corrected estimate's own standard error. ``bounds``
-    (the statistic's range, :func:`qkplast.stats.intervals.policy_interval`) keeps the interval inside it.
+    (the statistic's range, :func:`qkplast.stats.intervals.policy_interval`) keeps the interval inside it;
+    ``quantity`` (its name, or one per element) picks the policy by quantity (``interval`` then per element).
 
     Returns
     -------
@@ -363,6 +373,38 @@ def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estim
     est = np.asarray(statistic(capture) if estimate is None else estimate, float)
     jack = document_jackknife(capture, statistic, pairs_of)
     jack2 = document_jackknife2(capture, statistic, pairs_of) if needs_leave_two_out(len(jack)) else None
-    out = policy_interval(est, jack, jack2, level, bounds=bounds, unit="documents")
+    out = policy_interval(est, jack, jack2, level, bounds=bounds, unit="documents", quantity=quantity)
     out.update(jackknife=jack, jackknife2=jack2, point=est)
     return out
+
+
+def head_bootstrap(values: np.ndarray, n_boot: int = DEFAULT_REPLICATES, seed: int = 0,
+                   level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the mean over heads, resampling heads with replacement.
+
+    It measures how much the model-level mean depends on which heads were sampled, not the variation over
+    documents (for that, :func:`bootstrap`): the cross-run tables of chapter 6 (:mod:`qkplast.results.crossrun`)
+    read only each run's metrics, not its capture.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        One value per head; NaN heads are left out.
+    n_boot : int
+        Replicates: one vectorised draw of ``n_boot x n_heads`` indices.
+    seed : int
+        Seed of the draw (a CPU generator).
+    level : float
+        Central probability of the interval.
+
+    Returns
+    -------
+    tuple of float
+        ``(lo, hi)``, the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the replicates' means (float64).
+    """
+    x = torch.as_tensor(values[~np.isnan(values)], dtype=torch.float64)  # [head]
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(x), (n_boot, len(x)), generator=gen)  # [replicate, head]
+    means = x[idx].mean(1)  # [replicate]
+    q = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return float(q[0]), float(q[1])

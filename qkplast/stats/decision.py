@@ -1,9 +1,14 @@
 """The decision rule: verdict words computed from the numbers (an estimate, its interval, its adjusted p-value
-or its permutation null), Holm's correction across a chapter's readings, and conjunctions of claims."""
+or its permutation null), Holm's correction across a chapter's readings (:func:`holm`; a page's readings decided
+together: :func:`holm_verdicts`), conjunctions of claims, and whether a measured coverage meets the policy's
+target (:func:`coverage_verdict`)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
+
+from qkplast.stats.intervals import COVERAGE_TARGET
 
 
 def null_verdict(observed: float, null, alternative: str = "greater", alpha: float = 0.05,
@@ -152,3 +157,77 @@ def conjunction(words) -> str:
     if all(w == "no effect" for w in words):
         return "no effect"
     return "left open"
+
+
+def holm_verdicts(readings: list[dict], alpha: float = 0.05) -> pd.DataFrame:
+    """The verdicts of a page's readings, decided together with Holm's correction (the corrections page's rule).
+
+    A reading is "confirmed" when its Holm-adjusted p (:func:`holm` across the readings) is below ``alpha`` and,
+    where it has an interval, the interval lies on the claimed side of zero (:func:`verdict`); "contradicted" when
+    the interval lies on the other side with the adjusted p below ``alpha``; otherwise "not distinguishable from
+    the null" (no interval) or "left open" (an interval that does not decide, or that is undefined: NaN ends; or a
+    p that is undefined on this capture, which Holm leaves out of ``m``).
+
+    Parameters
+    ----------
+    readings : list of dict
+        Each with ``item`` and ``p`` (its permutation or t p-value) and, when the item has a contrast with an
+        interval over documents, ``estimate``, ``lo``, ``hi`` and ``claim`` (:func:`verdict`'s claims).
+    alpha : float
+        Level of the adjusted p-values.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per item: the readings' columns, ``p (Holm)`` and ``verdict``; ``attrs["rule"]`` states the rule.
+    """
+    out = pd.DataFrame(readings).set_index("item")
+    out["p (Holm)"] = holm(out["p"].to_numpy())
+    has_interval = ["lo" in r for r in readings]  # an item with a contrast over documents, defined or not
+    words = []
+    for (_, r), interval in zip(out.iterrows(), has_interval):
+        if not np.isfinite(r["p"]):
+            words.append("left open")  # the statistic is undefined on this capture (null_verdict)
+        elif interval and not (np.isfinite(r["lo"]) and np.isfinite(r["hi"])):
+            words.append("left open")  # its interval is undefined (too few effective documents): p alone decides nothing
+        elif interval:
+            w = verdict(r.estimate, r.lo, r.hi, r["p (Holm)"], claim=r.claim, alpha=alpha)
+            words.append({"supported": "confirmed"}.get(w, w))
+        else:
+            words.append("confirmed" if r["p (Holm)"] < alpha else "not distinguishable from the null")
+    out["verdict"] = words
+    out.attrs["rule"] = (f"Holm across {len(out)} readings at {alpha}; an interval over documents, where the item has "
+                         "one, must lie on the claimed side of zero")
+    return out
+
+
+def rejects(p: float, alpha: float = 0.05) -> bool:
+    """Whether a two-sided p-value rejects its hypothesis at level ``alpha`` (``p < alpha``; NaN never rejects).
+
+    The one place a page's "consistent with" / "unlikely under" reading of a single test gets its threshold.
+    """
+    return bool(np.isfinite(p) and p < alpha)
+
+
+def coverage_verdict(coverage: float, se: float, target: float | None = None) -> str:
+    """Whether a measured coverage meets the coverage target of the inference policy.
+
+    Parameters
+    ----------
+    coverage : float
+        The lowest coverage measured (a share of planted replicates whose interval held the true value).
+    se : float
+        Its binomial standard error.
+    target : float, optional
+        The target; :data:`qkplast.stats.intervals.COVERAGE_TARGET` by default.
+
+    Returns
+    -------
+    str
+        ``"met"`` at or above the target; ``"not met, within two standard errors of it"`` below it by at most
+        two standard errors (the benchmark's replicates cannot tell it from the target); ``"not met"`` otherwise.
+    """
+    target = COVERAGE_TARGET if target is None else target
+    if coverage >= target:
+        return "met"
+    return "not met, within two standard errors of it" if coverage + 2 * se >= target else "not met"

@@ -32,11 +32,13 @@ import numpy as np
 import torch
 import xarray as xr
 
-from qkplast._torch import as_f64, resolve_device
+from qkplast.tensors import as_f64, resolve_device
 from qkplast.options import AnalysisOptions
-from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import pair_plan, query_model, rotate
+from qkplast.analysis.vectors import analysis_vectors
+from qkplast.analysis.pairs import pair_plan
+from qkplast.analysis.plasticity import query_model, rotate
 from qkplast.stats.decision import null_verdict
+from qkplast.stats.shuffles import drift_axis_parts, position_shuffle_null
 
 SUMMARIES = ("median", "q05", "q95", "spread")
 
@@ -305,17 +307,47 @@ def off_axis_null(capture: xr.Dataset, n_perm: int = 1000, seed: int = 0, chunk:
 
     ``key_position_slope = mu_Q^T beta_K`` and ``bias_strength = (a^T mu_Q)(a^T beta_K)`` (eqs. 4.3-4.6), so their
     difference is ``mu_Q^T P beta_K``, the part of the slope off the drift axis ``a``; the null shuffles the
-    token positions across samples (:func:`qkplast.theory.checks.position_shuffle_null`).
+    token positions across samples (:func:`qkplast.stats.shuffles.position_shuffle_null`).
 
     Returns ``dict(observed, null)`` with ``null`` the ``n_perm`` values of the statistic.
     """
-    from qkplast.theory.checks import drift_axis_parts, position_shuffle_null
 
     def off_axis(b_q, b_k, mu_q, stt):
         bias, slope = drift_axis_parts(b_q, b_k, mu_q)
         return ((slope - bias) / stt).mean(0)  # [perm]
 
     return position_shuffle_null(capture, off_axis, n_perm, seed, chunk)
+
+
+def null_contrast(estimate: float, lo: float, hi: float, null, level: float = 0.95, null_mean: float | None = None) -> dict:
+    """A statistic against the distribution of its null, not against zero: the contrast and its interval.
+
+    The contrast is ``estimate - mean(null)``; its interval ``[lo - q_hi, hi - q_lo]`` sets the statistic's own
+    interval ``[lo, hi]`` (over documents) against the null's central ``level`` range ``[q_lo, q_hi]``, so it lies
+    below 0 only when all of the statistic's interval lies below the null's lower quantile, and above 0 only when
+    all of it lies above the upper one: it carries both the statistic's uncertainty and the null's spread.
+
+    Parameters
+    ----------
+    estimate, lo, hi : float
+        The statistic and the ends of its interval.
+    null : array_like
+        The statistic's null draws.
+    level : float
+        Central probability of the null's range.
+    null_mean : float, optional
+        The null's mean where its producer reports it (the same draws' mean); ``mean(null)`` otherwise.
+
+    Returns
+    -------
+    dict
+        ``contrast``, ``lo``, ``hi`` (the contrast's interval), ``null_mean``, ``null_lo``, ``null_hi``.
+    """
+    null = np.asarray(null)
+    q_lo, q_hi = (float(np.quantile(null, q)) for q in ((1 - level) / 2, (1 + level) / 2))
+    mean = float(np.mean(null)) if null_mean is None else float(null_mean)
+    return {"contrast": float(estimate) - mean, "lo": float(lo) - q_hi, "hi": float(hi) - q_lo, "null_mean": mean,
+            "null_lo": q_lo, "null_hi": q_hi}
 
 
 # --------------------------------------------------------------------------- a targeted statistic against random sets

@@ -41,11 +41,12 @@ import numpy as np
 import torch
 import xarray as xr
 
-from qkplast._torch import as_f64, resolve_device
+from qkplast.tensors import as_f64, resolve_device
 from qkplast.analysis.linalg import householder_vector
 from qkplast.options import AnalysisOptions
-from qkplast.analysis.views import analysis_vectors
-from qkplast.analysis.plasticity import bucket_weights, edge_masks, pair_plan
+from qkplast.analysis.vectors import analysis_vectors
+from qkplast.analysis.pairs import pair_plan
+from qkplast.analysis.plasticity import bucket_weights, edge_masks
 
 _SQRT1_2 = 1 / math.sqrt(2)
 #: the model-level statistics of a replicate, in this order

@@ -562,11 +562,12 @@ def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
     """
     import torch
 
-    from qkplast._torch import as_f64, resolve_device
+    from qkplast.tensors import as_f64, resolve_device
     from qkplast.analysis.linalg import householder_apply, householder_vector
-    from qkplast.analysis.views import analysis_vectors
+    from qkplast.analysis.vectors import analysis_vectors
     from qkplast.options import AnalysisOptions
-    from qkplast.analysis.plasticity import pair_plan, query_model
+    from qkplast.analysis.pairs import pair_plan
+    from qkplast.analysis.plasticity import query_model
     from qkplast.analysis.moments import slope
 
     opt = AnalysisOptions.from_kwargs(None, **options)
@@ -589,64 +590,3 @@ def variance_across_buckets(capture, heads=None, **options) -> pd.DataFrame:
     spread = (v.amax(1) / v.amin(1)).median(-1).values.cpu().numpy()
     return pd.DataFrame({"layer": sub.layer.values, "q_head": sub.q_head.values, "median_max_over_min_v": spread})
 
-
-def position_shuffle_null(capture, statistic, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
-    """A statistic of the rotation model against a position shuffle: observed and ``n_perm`` null values.
-
-    The token positions are permuted across samples (one permutation for all heads; a sample's query and
-    key keep their common position), which leaves the vectors untouched and destroys any relation to
-    position. The rotation model's quantities are linear in the centred positions, so every permutation
-    needs only ``B_Q = Q_c^T t_p`` and ``B_K = K_c^T t_p``: ``statistic(b_q, b_k, mu_q, stt)`` gets them
-    ``[head, perm, dim]`` with ``mu_q`` ``[head, dim]`` and ``stt = sum (t - t_bar)^2`` and returns ``[perm]``.
-    Batched over permutations in chunks of ``chunk``.
-    """
-    import torch
-
-    from qkplast._torch import as_f64, resolve_device
-
-    dev = resolve_device("auto")
-    q, k = as_f64(capture["q"], dev), as_f64(capture["k"], dev)  # [head, sample, dim]
-    t = as_f64(capture["position"], dev)
-    qc, kc = q - q.mean(1, keepdim=True), k - k.mean(1, keepdim=True)
-    mu_q = q.mean(1)  # [head, dim]
-    tc = t - t.mean()
-    stt = float(tc @ tc)
-
-    def value(tp):  # tp [perm, sample] centred positions
-        return statistic(torch.einsum("hsd,ps->hpd", qc, tp), torch.einsum("hsd,ps->hpd", kc, tp), mu_q, stt)
-
-    observed = float(value(tc[None])[0])
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    null = []
-    for s in range(0, n_perm, chunk):
-        m = min(chunk, n_perm - s)
-        perm = torch.argsort(torch.rand(m, t.numel(), generator=gen), dim=-1).to(dev)  # [perm, sample]
-        null.append(value(tc[perm]))
-    return {"observed": observed, "null": torch.cat(null).cpu().numpy()}
-
-
-def drift_axis_parts(b_q, b_k, mu_q):
-    """``bias`` and the full slope ``mu_Q^T B_K`` ``[head, perm]`` (times ``stt``) from the position sums (eq. 4.3-4.6)."""
-    import torch
-
-    c = b_q + b_k
-    a = c / torch.linalg.vector_norm(c, dim=-1, keepdim=True)  # the pooled cloud's drift axis
-    bias = (a * mu_q[:, None]).sum(-1) * (a * b_k).sum(-1)
-    return bias, (mu_q[:, None] * b_k).sum(-1)
-
-
-def key_slope_sign_null(capture, n_perm: int = 1000, seed: int = 0, chunk: int = 50) -> dict:
-    """Sign agreement of ``key_position_slope`` (``mu_Q^T beta_K``) with ``bias_strength``, against a position shuffle.
-
-    Observed: the share of heads whose full key-position slope has the sign of their bias strength; null:
-    :func:`position_shuffle_null` (the common scale ``1/Var(t)`` drops out of signs).
-
-    Returns ``dict(observed, null)`` with ``null`` the ``n_perm`` shares.
-    """
-    import torch
-
-    def share(b_q, b_k, mu_q, stt):
-        bias, slope_full = drift_axis_parts(b_q, b_k, mu_q)
-        return (torch.sign(bias) == torch.sign(slope_full)).to(torch.float64).mean(0)  # [perm]
-
-    return position_shuffle_null(capture, share, n_perm, seed, chunk)

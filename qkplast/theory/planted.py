@@ -101,7 +101,7 @@ def planted_capture(
     doc_effect: float = 0.0,
     world_seed: int | None = None,
 ) -> tuple[xr.Dataset, PlantedTruth]:
-    """A capture (the :mod:`qkplast.io` contract) drawn from the planted model, and its truth.
+    """A capture (the :mod:`qkplast.capture_format` contract) drawn from the planted model, and its truth.
 
     ``key_axis``, ``content_floor``, ``doc_effect`` and ``world_seed`` are described in the module
     docstring; their defaults give the model of appendix A.1 with the draws of earlier versions.

@@ -538,7 +538,7 @@ def load_readings(config: TrainConfig, path=None) -> tuple[dict, dict, dict]:
     """
     import yaml
 
-    from qkplast.shipped import resource_dir
+    from qkplast.resources import resource_dir
 
     path = Path(path) if path is not None else resource_dir("studies") / READINGS_FILE
     document = yaml.safe_load(Path(path).read_text())

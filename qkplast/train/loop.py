@@ -23,7 +23,7 @@ import numpy as np
 from qkplast.train.config import TrainConfig, TrainConfigError
 from qkplast.train.data import TokenData, batch_windows, copy_batch, load_data
 from qkplast.train.hub import branch_name, hub_cache, publish, repo_id, snapshot
-from qkplast.train.model import build_model, cpu_kernels, deterministic, lr_at, resolve_device
+from qkplast.train.model import build_model, cpu_kernels, deterministic, lr_at, training_device
 
 __all__ = ["predecay_path", "record_path", "recorded_device", "state_path", "train_arm"]
 
@@ -80,7 +80,7 @@ def train_arm(config: TrainConfig, out, seed: int, arm: str, report=None, device
     out = Path(out)
     if record_path(out, seed, arm).exists():
         return json.loads(record_path(out, seed, arm).read_text())
-    device = device or resolve_device(config.device)
+    device = device or training_device(config.device)
     data = load_data(out)
     total, checkpoints = config.steps_of(arm), set(config.checkpoint_steps(arm))
     peak, warmup = (config.lr, config.warmup) if arm == "stageA" else (config.ext_lr, config.ext_warmup)

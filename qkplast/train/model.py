@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from qkplast.train.config import TrainConfig, TrainConfigError
 
 __all__ = ["CPU_KERNEL_ENV", "build_model", "cpu_kernels", "deterministic", "llama_config", "lr_at",
-           "parameter_count", "quiet_loading", "resolve_device"]
+           "parameter_count", "quiet_loading", "training_device"]
 
 #: The environment of a CPU training process, set before torch is imported (ATen reads its capability once, MKL
 #: its reproducibility mode at its first call): ATen's non-vectorised kernels and MKL's conditional numerical
@@ -116,7 +116,7 @@ def deterministic(threads: int, device: str = "cpu"):
         torch.use_deterministic_algorithms(before[1])
 
 
-def resolve_device(request: str) -> str:
+def training_device(request: str) -> str:
     """``cpu`` or ``cuda`` for a ``TrainConfig.device`` request (``auto``: ``cuda`` when torch sees a GPU).
 
     Asks ``torch.cuda.is_available()``, which counts devices without making a CUDA context, so a parent

@@ -26,11 +26,11 @@ import json
 import os
 from pathlib import Path
 
-from qkplast.shipped import resource_dir
+from qkplast.resources import resource_dir
 from qkplast.train.config import TrainConfig, TrainConfigError
 from qkplast.train.data import prepare_data
 from qkplast.train.loop import record_path, recorded_device, state_path, train_arm
-from qkplast.train.model import CPU_KERNEL_ENV, resolve_device
+from qkplast.train.model import CPU_KERNEL_ENV, training_device
 
 __all__ = ["STUDIES", "ensure_training", "expected_runs", "load_training", "train", "training_complete"]
 
@@ -54,7 +54,7 @@ def train(config: TrainConfig, out, *, progress: bool = True) -> dict:
         ``config.device`` resolves to; another training holds its lock; ``cuda`` is requested without a GPU.
     """
     out = Path(out)
-    device = resolve_device(config.device)  # before anything is written
+    device = training_device(config.device)  # before anything is written
     _claim(config, out)
     with _lock(out):
         runs = expected_runs(config)

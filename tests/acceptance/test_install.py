@@ -1,6 +1,6 @@
 """Install: a non-editable ``pip install .`` (what a GPU host or a cluster does) runs ``qkplast run`` end to end.
 
-The wheel carries the notebooks and the thesis tables inside the package (``setup.py``, ``qkplast/shipped.py``);
+The wheel carries the notebooks and the thesis tables inside the package (``setup.py``, ``qkplast/resources.py``);
 the run below imports only the installed copy (run from outside the checkout, with the install first on the path).
 The same run is the tier's check of a batch's products (every artifact, one set of option names from the flags
 to the manifest to the capture's attributes, the injected parameters) and of a rerun that executes nothing
@@ -34,7 +34,7 @@ def test_a_non_editable_install_runs_qkplast_run_end_to_end(tmp_path, tiny_noteb
                             "as r; print(qkplast.__file__); print(p.NOTEBOOK_DIR); print(r.data_dir()); "
                             "print(len(p.notebook_paths()), len(r.load('models'))); "
                             # chapter 07's stored coverage table and chapter 10's default training study
-                            "import qkplast.shipped as s, qkplast.train.run as t, qkplast.results.tables as rt; "
+                            "import qkplast.resources as s, qkplast.train.run as t, qkplast.results.tables as rt; "
                             "print(s.resource_dir('data')); print(t.STUDIES); print(len(rt.coverage_results())); "
                             "from qkplast.train.config import load_train_study; "
                             "print(load_train_study(t.STUDIES / 'miniature.yaml').name)"],
@@ -75,7 +75,7 @@ def check_products(out: Path, manifest: dict) -> None:
     import nbformat
 
     from qkplast import CaptureOptions, rundir
-    from qkplast.io import open_capture, open_dataset
+    from qkplast.capture_format import open_capture, open_dataset
     from qkplast.results import summary
     from tests.helpers import NOTEBOOKS
 

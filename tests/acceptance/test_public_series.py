@@ -39,7 +39,7 @@ import yaml
 from tests.hub_fixtures import long_corpus, save_to_hub_cache, tiny_model, tiny_tokenizer  # noqa: E402
 from qkplast.capture.models import split_revision  # noqa: E402
 from qkplast.capture.plan import plan_capture  # noqa: E402
-from qkplast.io import open_capture, open_dataset  # noqa: E402
+from qkplast.capture_format import open_capture, open_dataset  # noqa: E402
 from qkplast.pipeline.study import execute_run  # noqa: E402
 from qkplast.rundir.study_file import load_study  # noqa: E402
 from tests.helpers import ROOT

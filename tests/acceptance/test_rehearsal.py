@@ -38,7 +38,7 @@ from tests.helpers import ROOT
 from tests.hub_fixtures import BRANCH, long_corpus, make_hub, repo_id
 from tests.readme_commands import readme_commands, substitute
 from qkplast.capture.corpus import iter_windows, open_corpus
-from qkplast.io import open_capture, validate_capture
+from qkplast.capture_format import open_capture, validate_capture
 from qkplast.options import CaptureOptions
 
 

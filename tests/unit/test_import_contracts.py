@@ -14,11 +14,10 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 PACKAGE = ROOT / "qkplast"
-#: Names starting with "_" that may still be imported: the version, and the torch helpers module itself (its
-#: functions are public; the module's name keeps it out of the user-facing API).
-ALLOWED_NAMES = {"__version__", "_torch"}
-#: Modules with a "_" part in their path that may still be imported from: the homes of those two names.
-ALLOWED_MODULES = {"qkplast._torch", "qkplast._version"}
+#: Names starting with "_" that may still be imported: the version.
+ALLOWED_NAMES = {"__version__"}
+#: Modules with a "_" part in their path that may still be imported from: the version's home.
+ALLOWED_MODULES = {"qkplast._version"}
 
 def test_the_layers_contract_holds(capsys):
     """``lint-imports`` (run in this process, as its console script would) keeps every contract of pyproject.toml."""
@@ -156,7 +155,7 @@ def private_attributes(tree: ast.Module, bound: dict[str, str]) -> list[tuple[in
         if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
             continue
         chain, value = [], node.value
-        while isinstance(value, ast.Attribute):  # qkplast.io._write: the module is qkplast.io
+        while isinstance(value, ast.Attribute):  # qkplast.capture_format._write: the module is qkplast.capture_format
             chain.insert(0, value.attr)
             value = value.value
         if isinstance(value, ast.Name) and value.id in bound and node.attr not in ALLOWED_NAMES:
@@ -179,14 +178,14 @@ def test_private_name_finder_flags_what_it_should(tmp_path):
     (tmp_path / "probe.py").write_text(
         "from qkplast.capture.models import _sha256, load_model\n"
         "def f():\n    from qkplast.capture import _hidden\n"
-        "from qkplast._version import __version__\nfrom qkplast import _torch\nfrom qkplast._torch import matmul\n"
+        "from qkplast._version import __version__\nfrom qkplast import tensors\nfrom qkplast.tensors import matmul\n"
         "import qkplast._secret\nfrom os import _exit\n"
-        "from qkplast.capture import models\nmodels._offline(), models.__file__, _torch.einsum\n"
-        "import qkplast.io\nqkplast.io._write(1)\n")
+        "from qkplast.capture import models\nmodels._offline(), models.__file__, tensors.einsum\n"
+        "import qkplast.capture_format\nqkplast.capture_format._write(1)\n")
     found = private_names(tmp_path / "probe.py", root=tmp_path)
     assert found == ["probe.py:1: _sha256 from qkplast.capture.models", "probe.py:3: _hidden from qkplast.capture",
                      "probe.py:7: qkplast._secret from qkplast._secret",
-                     "probe.py:10: _offline from qkplast.capture.models", "probe.py:12: _write from qkplast.io"], found
+                     "probe.py:10: _offline from qkplast.capture.models", "probe.py:12: _write from qkplast.capture_format"], found
 
 
 def offenders() -> list[str]:

@@ -1,6 +1,6 @@
 """Install: a non-editable ``pip install .`` (what a GPU host or a cluster does) runs ``qkplast run`` end to end.
 
-The wheel carries the notebooks and the thesis tables inside the package (``setup.py``, ``qkplast/shipped.py``);
+The wheel carries the notebooks and the thesis tables inside the package (``setup.py``, ``qkplast/resources.py``);
 the run below imports only the installed copy (run from outside the checkout, with the install first on the path).
 """
 

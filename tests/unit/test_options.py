@@ -75,7 +75,7 @@ def test_capture_options_round_trip_through_their_dict():
 def test_package_errors_share_one_base():
     from qkplast.rundir import RunError
     from qkplast.capture.corpus import CorpusError
-    from qkplast.io import CaptureError
+    from qkplast.capture_format import CaptureError
     from qkplast.capture.models import ModelError
 
     for error in (CaptureError, CorpusError, ModelError, RunError, OptionsError, UnknownOptionError):

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.hub_fixtures import make_hub, repo_id, save_to_hub_cache, tiny_tokenizer
-from qkplast.io import open_capture
+from qkplast.capture_format import open_capture
 from qkplast.rundir.study_file import is_done, load_study
 from tests.helpers import ROOT
 from tests.unit.pipeline.test_studies_shipped import STUDIES, WINDOW, stand_in
@@ -120,7 +120,7 @@ def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stan
     t0 = time.perf_counter()
     # The notebooks are the same code on every architecture and load a model only through
     # qkplast.capture.models.load_for with the run's recorded options, the capture stage's own path (the
-    # recorded tokenizer of SmolLM3's checkpoints included: tests/unit/pipeline/test_batch.py): the thesis study
+    # recorded tokenizer of SmolLM3's checkpoints included: tests/unit/pipeline/test_stages.py): the thesis study
     # runs them on SLURM below and the README's commands in tests/acceptance/test_rehearsal.py, so each study here
     # stops after the architecture-specific stages (capture and analysis), which keeps the tier's time down.
     r = _qkplast("study", path, "--executor", "local", "--stage", "analyze", env=_env(stand_in_hub[0]))

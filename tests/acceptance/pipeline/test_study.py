@@ -72,7 +72,7 @@ def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, w
     assert r.returncode == 0, r.stdout + r.stderr
     jobs = json.loads((tmp_path / "out" / "study.json").read_text())["runs"]
     assert r.stdout.strip().splitlines()[-2:] == [f"{n}: done (job {jobs[n]['job_id']})" for n in ("a", "b")]
-    from qkplast.io import open_capture
+    from qkplast.capture_format import open_capture
 
     attempts = {n: [json.loads(line) for line in (tmp_path / "out" / n / "study-attempts.jsonl").read_text().splitlines()]
                 for n in ("a", "b")}

@@ -67,7 +67,7 @@ def test_qkplast_capture_reads_a_branch_offline_with_hf_home(smoke, tmp_path):
     env.pop("HF_HUB_CACHE", None)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    from qkplast.io import open_capture
+    from qkplast.capture_format import open_capture
 
     ds = open_capture(cap)
     assert (ds.attrs["model"], ds.attrs["revision"], ds.attrs["commit"]) == (

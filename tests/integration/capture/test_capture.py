@@ -29,7 +29,7 @@ def test_embedded_smollm2_capture_end_to_end(tmp_path):
     options = CaptureOptions(corpus=str(corpus), seq_len=256, bucket_size=64, samples_per_bucket=2, heads=6, docs=2,
                              short_docs="concat")
     ds = run_capture(options, out, progress=False)
-    from qkplast.io import open_capture
+    from qkplast.capture_format import open_capture
 
     saved = open_capture(out)
     assert not (tmp_path / "cap.nc.parts").exists()

@@ -14,7 +14,7 @@ import pytest
 import transformers as T
 
 from qkplast.capture.driver import UnsupportedModelError, run_capture
-from qkplast.io import CaptureError, open_capture
+from qkplast.capture_format import CaptureError, open_capture
 from qkplast.options import CaptureOptions
 from tests.helpers import ROOT, TINY_CAPTURE, files_written, run_tiny_capture, tiny_tokenizer
 

@@ -33,7 +33,7 @@ from tests.eager_reference import attention_modules as _attention_modules, compa
 from tests.hub_fixtures import tiny_model as hub_tiny_model, tiny_tokenizer  # noqa: E402
 from qkplast.capture.corpus import Document, iter_windows  # noqa: E402
 from qkplast.capture.driver import capture, text_decoder  # noqa: E402
-from qkplast.io import validate_capture  # noqa: E402
+from qkplast.capture_format import validate_capture  # noqa: E402
 from qkplast.options import CaptureOptions  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -64,7 +64,7 @@ def test_two_captures_into_one_output_never_write_it_both(model_dir, tmp_path):
     """A capture holds its output's lock from its first check to its last write; a second one started meanwhile
     (here against a process holding the lock the way a running capture does) is refused in one line and writes
     nothing; once the first is gone, the output is captured whole."""
-    from qkplast.io import open_capture, validate_capture
+    from qkplast.capture_format import open_capture, validate_capture
 
     out = tmp_path / "cap.nc"
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -85,9 +85,9 @@ def test_two_captures_into_one_output_never_write_it_both(model_dir, tmp_path):
 
 
 def test_a_capture_killed_after_its_final_write_keeps_the_uninterrupted_result(model_dir, tmp_path):
-    from qkplast.io import open_capture
+    from qkplast.capture_format import open_capture
     from qkplast.options import CaptureOptions
-    from qkplast.rundir.directory import ensure_capture
+    from qkplast.rundir.products import ensure_capture
 
     reference = tmp_path / "ref.nc"
     assert _start(model_dir, reference, docs=4).wait(timeout=300) == 0

@@ -12,7 +12,7 @@ import transformers as T
 from qkplast.capture import models
 from qkplast.capture.driver import run_capture
 from qkplast.capture.models import ModelError, check_seq_len, load_model
-from qkplast.io import open_capture
+from qkplast.capture_format import open_capture
 from qkplast.options import CaptureOptions
 from tests.helpers import COMMON, tiny_tokenizer
 
@@ -54,7 +54,7 @@ def test_rope_scaling_override_extends_the_limit(qwen3_dir, tmp_path):
 
 
 def test_device_and_dtype_choice(qwen3_dir):
-    assert models.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert models.loading_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert models.resolve_dtype("auto", "cpu") == torch.float32
     assert models.resolve_dtype("auto", "cuda") == torch.bfloat16
     assert models.resolve_dtype("float16", "cpu") == torch.float16
@@ -62,7 +62,7 @@ def test_device_and_dtype_choice(qwen3_dir):
         models.resolve_dtype("float64", "cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ModelError, match="no CUDA device"):
-            models.resolve_device("cuda")
+            models.loading_device("cuda")
     loaded = load_model(str(qwen3_dir), dtype="bfloat16")
     assert loaded.model.dtype == torch.bfloat16 and loaded.info["dtype"] == "bfloat16"
     assert loaded.info["source"] == "local directory" and loaded.info["path"] == str(qwen3_dir.resolve())

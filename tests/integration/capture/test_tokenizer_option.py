@@ -12,7 +12,7 @@ import pytest
 from tests.hub_fixtures import save_to_hub_cache, tiny_model, tiny_tokenizer  # noqa: E402
 from qkplast.capture.driver import run_capture  # noqa: E402
 from qkplast.capture.models import ModelError, load_model  # noqa: E402
-from qkplast.io import CaptureError, validate_capture  # noqa: E402
+from qkplast.capture_format import CaptureError, validate_capture  # noqa: E402
 from qkplast.options import CaptureOptions  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import qkplast.experiments.grid as qx
+import qkplast.experiments.head_interventions as qx
+import qkplast.stats.intervention_readings as qs
 from qkplast.analysis.metrics import analyze
 from qkplast.capture.corpus import Document
 from qkplast.capture.driver import capture
@@ -18,7 +19,7 @@ from qkplast.options import CaptureOptions
 from tests.helpers import tiny_model, tiny_tokenizer
 
 DESIGN = CopyDesign(window=96, seg_len=6, positions=(44, 88), distances=(10, 30), matched_context=True)
-REG = qx.load_readings()
+REG = qs.load_readings()
 
 
 def _docs():
@@ -66,8 +67,8 @@ def test_grid_end_to_end_on_a_tiny_model(setup, tmp_path):
         assert sorted(la for la, _ in qx.parse_heads(str(text))) == sorted(la for la, _ in low)
     # every null set measures every cell now (the distance contrast has a null)
     assert np.isfinite(grid.nll.sel(condition=grid.kind.str.startswith("null"))).all()
-    np.testing.assert_array_equal(qx.cell_effects(grid).sel(condition=grid.kind == "none"), 0.0)
-    check = qx.functional_check(grid, 0.5)
+    np.testing.assert_array_equal(qs.cell_effects(grid).sel(condition=grid.kind == "none"), 0.0)
+    check = qs.functional_check(grid, 0.5)
     assert len(check) == grid.sizes["condition"] and check.attrs["threshold"] == pytest.approx(0.5 * np.log(300))
     assert (check.working == (check["mean NLL"] < check.attrs["threshold"])).all()
     # mean ablation differs from zero ablation on the ablated conditions, not on the unablated model (two sequences
@@ -89,14 +90,14 @@ def test_grid_end_to_end_on_a_tiny_model(setup, tmp_path):
     null = qx.load_or_null_clamp_plasticity(tmp_path, model, tok, _docs(), cap, metrics, conds, check_docs=docs[n_cal:][:1],
                                             analysis=analysis)
     assert null.change.shape == (3,) and np.isfinite(null.change).all()
-    plasticity = {"target": qx.plasticity_change(checks), "null": null.change.values}
+    plasticity = {"target": qs.plasticity_change(checks), "null": null.change.values}
     # a random-initialised model copies at chance (NLL about ln V): every condition fails the registered check, and
     # every reading is gated
-    gated = qx.readings(grid, REG, plasticity=plasticity)
+    gated = qs.readings(grid, REG, plasticity=plasticity)
     assert list(gated.key) == list(REG["readings"]) and not check.working.any()
     assert (gated.verdict == "not testable (gate: model broken)").all() and gated.p.isna().all()
     # with a threshold the chance-level model passes, the same grid is read: one Holm family of five
-    table = qx.readings(grid, dict(REG, working_fraction=2.0), plasticity=plasticity)
+    table = qs.readings(grid, dict(REG, working_fraction=2.0), plasticity=plasticity)
     assert table.gate.isna().all() and table.attrs["m"] == 5
     assert set(table.verdict) <= {"supported", "contradicted", "left open", "no effect"}
     assert np.allclose(table["p floor"], 1 / 4) and (table.lo <= table.hi).all() and (table.detectable > 0).all()

@@ -1,4 +1,4 @@
-"""What the analyses read of the new families' captures (qkplast.analysis.views), and the format that carries it.
+"""What the analyses read of the new families' captures (qkplast.analysis.vectors), and the format that carries it.
 
 Planted captures (:func:`qkplast.theory.planted.planted_capture`) stand in for
 the families: a GPT-NeoX capture is a planted one whose ``rotary`` coordinate
@@ -16,8 +16,8 @@ import pytest
 import xarray as xr
 
 from qkplast.analysis.metrics import analyze
-from qkplast.analysis.views import analysis_vectors, rotary_mask
-from qkplast.io import CaptureError, validate_capture
+from qkplast.analysis.vectors import analysis_vectors, rotary_mask
+from qkplast.capture_format import CaptureError, validate_capture
 from qkplast.options import AnalysisOptions, CaptureOptions, OptionsError
 from qkplast.theory.planted import planted_capture
 
@@ -101,7 +101,7 @@ def test_unknown_choices_are_refused():
     assert AnalysisOptions().head_dims == "all" and AnalysisOptions().query_scale == "as_captured"
 
 
-# --------------------------------------------------------------------------- the format (qkplast.io)
+# --------------------------------------------------------------------------- the format (qkplast.capture_format)
 
 
 def test_optional_coords_are_validated_where_present(planted):
@@ -120,7 +120,7 @@ def test_optional_coords_are_validated_where_present(planted):
 
 
 def test_optional_coords_round_trip_through_a_file(planted, tmp_path):
-    from qkplast.io import open_capture, save_capture
+    from qkplast.capture_format import open_capture, save_capture
 
     marked = planted.assign_coords(rotary=("dim", np.arange(16) < 4),
                                    query_scale=("sample", _factor(planted.position.values)))

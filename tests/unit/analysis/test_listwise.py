@@ -10,7 +10,8 @@ import xarray as xr
 from qkplast.analysis.listwise import (draw_sets, listwise, model_draws, pairwise_predicts_listwise, tied_ranks,
                                        winner_plasticity)
 from qkplast.options import AnalysisOptions
-from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, plasticity, pair_plan
+from qkplast.analysis.pairs import pair_plan
+from qkplast.analysis.plasticity import PlasticityWarning, QueryModel, plasticity
 from qkplast.theory.planted import planted_capture
 
 

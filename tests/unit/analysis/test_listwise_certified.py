@@ -10,7 +10,7 @@ import torch
 from qkplast.analysis.listwise import (certified_winner_plasticity, close_threshold, float32_scores, gather_sets,
                                        listwise, softmax_mass, winner_plasticity)
 from qkplast.analysis.plasticity import PlasticityWarning
-from qkplast.results.tables import nearest_mass_table
+from qkplast.results.extra_metrics import nearest_mass_intervals
 from qkplast.theory.planted import planted_capture
 
 
@@ -87,11 +87,10 @@ def test_padded_sets_and_the_nearest_mass_per_document():
         pooled = np.nansum(doc.values * counts, -1) / np.sum(np.where(np.isnan(doc.values), 0, counts), -1)
     ok = ~np.isnan(lw.nearest_mass.values)
     np.testing.assert_allclose(pooled[ok], lw.nearest_mass.values[ok], rtol=1e-10)
-    table = nearest_mass_table(lw)
-    assert "full scores 95% CI" in table.columns and "5 documents" in table.attrs["method"]
+    table = nearest_mass_intervals(lw)
+    assert "5 documents" in table.attrs["method"]
     row = table.loc[5]
-    lo, hi = (float(x) for x in row["full scores 95% CI"].strip("[]").split(","))
-    assert lo <= row["full scores"] <= hi
+    assert 0 < row["full scores lo"] <= row["full scores"] <= row["full scores hi"] < 1
     assert row["full scores"] == pytest.approx(float(np.nanmean(doc.sel(query_bucket=5).mean("head"))))
 
 

@@ -1,4 +1,6 @@
-"""Attention plasticity (section 4.4): planted answers, closed form vs Monte Carlo, invariance, bad input."""
+"""Attention plasticity (section 4.4): planted answers, closed form vs Monte Carlo, invariance, bad input.
+
+Which key pairs are drawn and how they are weighted: tests/unit/analysis/test_pairs.py."""
 
 import warnings
 
@@ -8,19 +10,12 @@ import torch
 from scipy import stats
 
 from qkplast.options import AnalysisOptions
-from qkplast.analysis.plasticity import PlasticityWarning, pairwise_plasticity, plasticity, sample_key_pairs
+from qkplast.analysis.pairs import sample_key_pairs
+from qkplast.analysis.plasticity import PlasticityWarning, pairwise_plasticity, plasticity
 from qkplast.theory.planted import planted_capture, random_orthogonal, true_query_moments
 
 
-def run(cap, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 has no earlier keys by design
-        return plasticity(cap, **kw)
-
-
-@pytest.fixture(scope="module")
-def gaussian():
-    return planted_capture(n_heads=3, dim=16, n_docs=64, samples_per_bucket=8, seed=1)
+from tests.unit.analysis.conftest import quiet_plasticity as run
 
 
 def analytic_ap(cap, truth, opt):
@@ -122,31 +117,6 @@ def test_diagonal_variance_depends_on_the_basis(gaussian, rng):
     assert np.nanmax(np.abs(a.ap - b.ap)) > 1e-3
 
 
-def test_key_pairs_are_same_document_earlier_buckets_and_shared(gaussian):
-    cap = gaussian[0]
-    opt = AnalysisOptions(n_pairs=64)
-    pairs = sample_key_pairs(cap, opt)
-    doc, bucket = cap.doc.values, cap.bucket.values
-    for qb in range(1, len(pairs.tau)):
-        i, j = pairs.i[qb][pairs.valid[qb]], pairs.j[qb][pairs.valid[qb]]
-        assert len(i) == 64 and (doc[i] == doc[j]).all() and (i != j).all()
-        assert (bucket[i] < qb).all() and (bucket[j] < qb).all()
-    again = sample_key_pairs(cap, opt)
-    np.testing.assert_array_equal(pairs.i, again.i)
-    anyd = sample_key_pairs(cap, AnalysisOptions(n_pairs=64, pair_docs="any", eligible_keys="before_query"))
-    assert anyd.valid[0].all()  # keys below the midpoint of bucket 0 exist
-    assert (doc[anyd.i[5]] != doc[anyd.j[5]]).any()
-
-
-def test_all_pairs_used_when_few():
-    cap, _ = planted_capture(n_heads=1, dim=8, seq_len=1024, bucket_size=256, n_docs=2, samples_per_bucket=2, seed=0)
-    pairs = sample_key_pairs(cap, AnalysisOptions(n_pairs=256))
-    # bucket 3: 3 earlier buckets x 2 samples = 6 keys per doc -> 15 pairs per doc, 30 in all
-    assert pairs.n_admissible[3] == 30 and pairs.valid[3].sum() == 30
-    got = {tuple(sorted(p)) for p in zip(pairs.i[3][:30], pairs.j[3][:30])}
-    assert len(got) == 30
-
-
 def test_options_change_results_as_documented(gaussian):
     cap = gaussian[0]
     base = run(cap)
@@ -211,7 +181,8 @@ def test_pair_statistics_reproduce_ap_and_isolate_the_independence_assumption(ga
 @pytest.mark.parametrize("covariance", ["diagonal", "full", "joint"])
 def test_fast_closed_form_matches_the_materialising_reference(gaussian, covariance):
     """pair_closed_form never forms delta; the straightforward eqs. 4.11-4.14 on delta agree to rounding."""
-    from qkplast.analysis.plasticity import closed_form, closed_form_kernel, pair_moments, pair_plan
+    from qkplast.analysis.pairs import pair_plan
+    from qkplast.analysis.plasticity import closed_form, closed_form_kernel, pair_moments
 
     cap = gaussian[0]
     kw = {"covariance": covariance, "n_pairs": 64}
@@ -236,8 +207,9 @@ def test_fast_closed_form_matches_the_materialising_reference(gaussian, covarian
 
 def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_buckets():
     """analyze()'s fused kernel: closed form to rounding, Monte Carlo signs exactly, ties (identical keys) half."""
+    from qkplast.analysis.pairs import pair_plan
     from qkplast.analysis.plasticity import (closed_form_kernel, monte_carlo_kernel, pair_differences, pair_kernel,
-                                    pair_plan, query_model, rotate)
+                                             query_model, rotate)
 
     cap, _ = planted_capture(n_heads=3, dim=16, n_docs=8, samples_per_bucket=6, seed=4)
     cap = cap.isel(sample=np.flatnonzero(np.arange(cap.sizes["sample"]) % 7 != 3))  # uneven buckets: padding rows
@@ -264,32 +236,6 @@ def test_pair_kernel_equals_the_two_reference_kernels_with_ties_and_uneven_bucke
     ok = lay.pvalid.expand_as(pp_full) & ~torch.isnan(want_full)
     np.testing.assert_allclose(pp_full[ok].numpy(), want_full[ok].numpy(), rtol=1e-10, atol=1e-15)
     assert torch.equal(torch.nan_to_num(mc_full, nan=-1.0), torch.nan_to_num(want_mc, nan=-1.0))
-
-
-def test_prefix_pair_weights_follow_definition_4_3(gaussian):
-    from qkplast.analysis.plasticity import pair_weights
-
-    cap = gaussian[0]
-    pairs = sample_key_pairs(cap, AnalysisOptions(n_pairs=64))
-    w = pair_weights(pairs, cap.position.values, "prefix")
-    pos = cap.position.values
-    b, p = 6, 5
-    j = max(pos[pairs.i[b, p]], pos[pairs.j[b, p]]) + 1
-    assert w[b, p] == pytest.approx(1 / (j - 1) - 1 / pairs.tau[b])
-    assert (w[~pairs.valid] == 0).all() and (w[pairs.valid] > 0).all()
-    uni, pre = run(cap, n_pairs=64), run(cap, n_pairs=64, pair_weight="prefix")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from qkplast.analysis.plasticity import closed_form, pair_plan
-
-        opt = AnalysisOptions(n_pairs=64)
-        lay = pair_plan(cap, opt, torch.device("cpu"), warn=False)
-        pp = closed_form(torch.as_tensor(cap.q.values), torch.as_tensor(cap.k.values), lay.t, lay.onehot, lay.tau,
-                         lay.pi, lay.pj, opt)[3].numpy()
-    want = np.nansum(pp[:, b] * w[b], -1) / w[b].sum()
-    np.testing.assert_allclose(pre.ap.values[:, b], want, rtol=1e-12)
-    assert not np.allclose(pre.ap.values[:, 2:], uni.ap.values[:, 2:])
-    assert (pre.ap_mc_se.values[:, 1:] > 0).all() and (uni.ap_mc_se.values[:, 1:] < 0.05).all()
 
 
 def test_within_document_statistics_remove_document_offsets():

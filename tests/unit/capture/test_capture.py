@@ -38,7 +38,7 @@ from qkplast.capture.driver import (
 )
 from tests.eager_reference import attention_modules as _attention_modules, compare_with_eager
 from qkplast.capture.corpus import Document, iter_windows
-from qkplast.io import validate_capture
+from qkplast.capture_format import validate_capture
 from qkplast.options import CaptureOptions
 from tests.helpers import tiny_model, tiny_tokenizer
 

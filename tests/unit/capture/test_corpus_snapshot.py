@@ -84,7 +84,7 @@ def test_the_manifest_records_source_documents_and_content_hash(name):
 
 
 def test_a_wheel_ships_the_snapshots():
-    """setup.py copies data/corpora into the wheel, every file of it, and qkplast.shipped finds that folder."""
+    """setup.py copies data/corpora into the wheel, every file of it, and qkplast.resources finds that folder."""
     tree = ast.parse((ROOT / "setup.py").read_text())
     shipped = next(ast.literal_eval(node.value) for node in tree.body
                    if isinstance(node, ast.AnnAssign | ast.Assign)

@@ -55,3 +55,24 @@ def test_local_path_with_at_sign_is_not_split(tmp_path):
     odd = tmp_path / "model@2024"
     odd.mkdir()
     assert split_revision(str(odd)) == (str(odd), None)
+
+
+def test_loading_device_is_a_checked_string_and_model_error_is_the_cores(monkeypatch):
+    """The device weights load onto stays a string (``cuda:all`` is no torch.device); bad requests are ModelErrors.
+
+    ModelError is defined once, in qkplast.errors (options.split_revision raises it below the capture layer), and
+    the model code exports that same class."""
+    import torch
+
+    from qkplast import errors, options
+
+    assert models.ModelError is errors.ModelError is options.ModelError
+    assert models.loading_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert models.loading_device("auto") == "cpu" and models.loading_device() == "cpu"
+    for request, problem in (("cuda", "no CUDA device"), ("cuda:all", "no CUDA device"), ("gpu0", "bad device")):
+        with pytest.raises(ModelError, match=problem):
+            models.loading_device(request)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert models.loading_device("auto") == "cuda" and models.loading_device("cuda:all") == "cuda:all"
+    assert isinstance(models.loading_device("cuda:1"), str)

@@ -142,7 +142,7 @@ def test_a_capture_stage_after_a_job_killed_while_clearing_its_parts_clears_the_
     # so it never went through the capture that clears the parts. Every attempt now clears them.
     from qkplast.options import AnalysisOptions, CaptureOptions
     from qkplast.pipeline.stages import Target, capture_stage
-    from qkplast.rundir.directory import write_manifest
+    from qkplast.rundir.products import write_manifest
 
     options = CaptureOptions(model="smollm2-135m", docs=2)
     run = tmp_path / "run"
@@ -158,6 +158,6 @@ def test_a_capture_stage_after_a_job_killed_while_clearing_its_parts_clears_the_
     (run / "capture.nc").unlink()  # without the capture, parts are a run to resume: never deleted
     parts.mkdir()
     (parts / "doc-000000.nc").write_bytes(b"part")
-    from qkplast.rundir.directory import clear_leftover_parts
+    from qkplast.rundir.products import clear_leftover_parts
 
     assert not clear_leftover_parts(run) and (parts / "doc-000000.nc").exists()

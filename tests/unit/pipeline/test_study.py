@@ -183,17 +183,6 @@ def test_benchmark_matches_pair_runs_with_their_thesis_model(planted_study):
     assert len(fig.axes[0].collections) >= 4  # three thesis families and this study's runs
 
 
-def test_head_bootstrap_interval_covers_the_mean_and_shrinks_with_more_heads():
-    import numpy as np
-
-    from qkplast.results.crossrun import head_bootstrap
-
-    rng = np.random.default_rng(0)
-    small, large = rng.normal(0.1, 0.05, 20), rng.normal(0.1, 0.05, 2000)
-    (a, b), (c, d) = head_bootstrap(small), head_bootstrap(large)
-    assert a < small.mean() < b and c < large.mean() < d and (d - c) < (b - a) / 5
-
-
 def test_injected_parameters_fold_into_the_parameters_cell(tmp_path):
     import nbformat
 

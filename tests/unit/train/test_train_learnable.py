@@ -157,11 +157,11 @@ def test_device_auto_resolves_to_the_cpu_without_a_gpu_and_cuda_is_refused_befor
     import torch
 
     from qkplast.train import train
-    from qkplast.train.model import resolve_device
+    from qkplast.train.model import training_device
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: auto resolves to it (rehearsed on the device machine)")
-    assert resolve_device("auto") == "cpu" == resolve_device("cpu")
+    assert training_device("auto") == "cpu" == training_device("cpu")
     with pytest.raises(TrainConfigError) as info:
         train(TrainConfig.from_kwargs(PRESETS["smoke"], device="cuda"), tmp_path / "out", progress=False)
     assert "device 'cuda' requested but torch" in str(info.value) and "sees no GPU" in str(info.value)

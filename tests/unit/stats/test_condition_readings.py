@@ -1,11 +1,12 @@
-"""The conditions' decided family and the parts described beside it (qkplast.experiments.conditions): the Holm
-floor that says whether a reading can pass, and no verdict on the parts outside the family."""
+"""The content-decay conditions' readings (qkplast.stats.condition_readings): the decided family and the parts
+described beside it, the Holm floor that says whether a reading can pass, no verdict on the parts outside the
+family, and the section 7.6 reading computed from the verdicts."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from qkplast.experiments.conditions import QUANTITIES, describe_conditions, read_conditions
+from qkplast.stats.condition_readings import QUANTITIES, describe_conditions, mechanism_reading, read_conditions
 
 
 def tables(n_null: int, conditions=("a", "b", "c")):
@@ -34,3 +35,12 @@ def test_other_parts_are_described_without_a_verdict():
     far = np.abs(null["ap_drop_bias"].to_numpy())
     assert d.loc[("ap_drop_bias", "b"), "share of null as far"] == pytest.approx((1 + np.sum(far >= 0.0)) / 200)
     assert d.attrs["n_null"] == 199
+
+
+def test_mechanism_reading_follows_the_verdicts():
+    r = pd.DataFrame({"verdict": ["supported", "left open", "left open"]}, index=["rope_x2", "bos", "window_2048"])
+    assert "RoPE" in mechanism_reading(r) and "sink" in mechanism_reading(r)  # favours RoPE over sink competition
+    r.loc["bos", "verdict"] = "supported"
+    assert "do not single out" in mechanism_reading(r)
+    r["verdict"] = "left open"
+    assert "neither" in mechanism_reading(r)

@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from qkplast._torch import einsum, matmul, scratch
+from qkplast.tensors import einsum, matmul, scratch
 
 _U32, _U64 = 2.0**-24, 2.0**-53
 _MAX_SCALE = 2.0**100  # ||q|| ||r|| below 2^100: no float32 product or partial sum can overflow
@@ -69,7 +69,7 @@ def float32_products_are_exact_ieee(device: torch.device) -> bool:
 def bucket_rows(x: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None, name: str = "bucket_rows") -> torch.Tensor:
     """``x[:, idx]`` ``[head, bucket, slot, dim]`` for ``x`` ``[head, sample, dim]`` and ``idx`` ``[bucket, slot]``,
     padding slots (``mask`` False) zero (left as gathered when ``mask`` is None); in a scratch buffer
-    (:func:`qkplast._torch.scratch`) named ``name``."""
+    (:func:`qkplast.tensors.scratch`) named ``name``."""
     out = scratch(name, (x.shape[0], idx.numel(), x.shape[-1]), x)
     out = torch.index_select(x, 1, idx.reshape(-1), out=out).view(x.shape[0], *idx.shape, x.shape[-1])
     return out if mask is None or bool(mask.all()) else out.mul_(mask[None, :, :, None].to(x.dtype))

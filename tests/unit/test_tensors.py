@@ -1,4 +1,4 @@
-"""Chunks of heads spread over the CPU's cores (qkplast._torch.map_head_chunks)."""
+"""Chunks of heads spread over the CPU's cores (qkplast.tensors.map_head_chunks)."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from qkplast._torch import head_chunks, map_head_chunks
+from qkplast.tensors import head_chunks, map_head_chunks
 
 CPU = torch.device("cpu")
 
@@ -63,7 +63,7 @@ def test_nested_calls_and_one_thread_run_in_order(two_threads):
 
 
 def test_scratch_is_reused_within_a_map_and_fresh_outside(two_threads):
-    from qkplast._torch import scratch
+    from qkplast.tensors import scratch
 
     like = torch.zeros(1, dtype=torch.float64)
     assert scratch("x", (3, 4), like).data_ptr() != scratch("x", (3, 4), like).data_ptr()  # outside: plain empty
@@ -78,7 +78,7 @@ def test_scratch_is_reused_within_a_map_and_fresh_outside(two_threads):
 
 
 def test_scratch_keeps_one_buffer_per_dtype(two_threads):
-    from qkplast._torch import scratch
+    from qkplast.tensors import scratch
 
     like = torch.zeros(1, dtype=torch.float64)
 
@@ -90,7 +90,7 @@ def test_scratch_keeps_one_buffer_per_dtype(two_threads):
 
 
 def test_matmul_through_numpy_equals_torch():
-    from qkplast._torch import gram, matmul
+    from qkplast.tensors import gram, matmul
 
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(3, 5, 7, 6, generator=gen, dtype=torch.float64)

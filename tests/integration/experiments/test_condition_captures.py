@@ -9,7 +9,7 @@ import numpy as np
 def test_a_window_equal_to_the_runs_is_cut_from_its_capture_exactly(tmp_path):
     """The cut is what a new capture of that condition holds, bit for bit; a capture of other settings is not used."""
     from qkplast.capture.driver import run_capture
-    from qkplast.experiments.conditions import capture_conditions
+    from qkplast.experiments.condition_captures import capture_conditions
     from qkplast.options import CaptureOptions
 
     opt = CaptureOptions(model="smollm2-135m", corpus="pydoc-topics", docs=2, samples_per_bucket=2, seed=3, seq_len=512,

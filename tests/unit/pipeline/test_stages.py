@@ -1,5 +1,12 @@
-"""Batches: a papermill run on a tiny configuration produces every artifact; one model load per run,
-released before the notebooks; notebooks hold no settings of their own; reuse refuses other settings."""
+"""``qkplast run`` (:mod:`qkplast.pipeline.stages`) and the run directory the notebooks read from it.
+
+With the model load and the capture faked (a planted capture, ``tests.helpers.fake_stage``): the corpora are
+checked before one model load per run, the model is released before anything else, the manifest records the
+settings and a rerun reuses every capture and refuses other settings; ``rundir.load_run`` gives a notebook the
+same settings and files (from a notebook's namespace, or from a capture made without a run); the notebooks'
+parameters cells hold no capture or analysis settings (``pipeline.params`` types ``-p`` overrides) and load a
+model only through ``load_for(run.options)``. Notebooks executed in Jupyter kernels: tests/integration/pipeline.
+"""
 
 import ast
 import json
@@ -108,7 +115,7 @@ def test_load_run_reads_overrides_from_a_notebook_namespace(tmp_path, monkeypatc
 
 
 def _fake_capture_in_kernel(options, out, **_):
-    from qkplast.io import save_capture
+    from qkplast.capture_format import save_capture
     from qkplast.theory.planted import planted_capture
 
     cap, _ = planted_capture(n_heads=2, dim=8, seq_len=options.seq_len, bucket_size=options.bucket_size,
@@ -135,7 +142,7 @@ def test_split_parameters_types_each_kind():
 def test_load_run_takes_the_settings_of_a_capture_made_without_a_run(tmp_path, monkeypatch):
     """``qkplast capture --out RUN/capture.nc`` then a notebook: the settings come from the capture's attrs."""
     from qkplast import CaptureOptions
-    from qkplast.io import save_capture
+    from qkplast.capture_format import save_capture
     from qkplast.theory.planted import planted_capture
 
     calls = fake_stage(monkeypatch, tmp_path)
@@ -155,7 +162,7 @@ def test_the_notebooks_load_the_model_with_the_recorded_tokenizer(tmp_path, monk
     # and a notebook's model comes from qkplast.capture.models.load_for(run.options) with it (the capture stage's
     # own path, which tests/acceptance rehearses); every notebook that loads a model does so through load_for.
     from qkplast.options import CaptureOptions
-    from qkplast.rundir.directory import write_manifest
+    from qkplast.rundir.products import write_manifest
 
     options = CaptureOptions(model="owner/series@stage1-step-40000", tokenizer="owner/base@main", docs=2)
     write_manifest(tmp_path, {"capture": options.to_dict()})

@@ -4,7 +4,7 @@ A *run directory* holds everything one capture setting produced::
 
     RUN/manifest.json        capture and analysis options (CaptureOptions / AnalysisOptions, same names),
                              notebook parameters, versions, resolved commit, timings, status
-    RUN/capture.nc           the capture (qkplast.io contract), resumable through RUN/capture.nc.parts/
+    RUN/capture.nc           the capture (qkplast.capture_format contract), resumable through RUN/capture.nc.parts/
     RUN/metrics.nc           qkplast.analyze with the run's analysis options
     RUN/bootstrap.nc         the document bootstrap of the run's metrics
     RUN/code/                the same for the code corpus (notebook 09)
@@ -32,7 +32,7 @@ from pathlib import Path
 import xarray as xr
 
 from qkplast.errors import QkplastError
-from qkplast.io import open_capture, open_dataset, save_dataset
+from qkplast.capture_format import open_capture, open_dataset, save_dataset
 from qkplast.options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, typed_option
 
 __all__ = ["CHECKPOINTS_DIR", "CODE_DIR", "MANIFEST", "STAGES", "Run", "RunError", "cached", "capture_differences",
@@ -166,19 +166,23 @@ def clear_leftover_parts(run_dir: Path) -> bool:
 
 
 def ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions, *, loaded=None,
-                   progress: bool = False) -> Path:
+                   progress: bool = False, plan=None) -> Path:
     """``RUN/capture.nc`` for ``options``: reused when present (refused if made otherwise), else captured.
 
-    A first capture records its settings in the manifest, so the next reader finds them.
+    A first capture records its settings in the manifest, so the next reader finds them. ``plan``: the
+    preflight of ``options`` (:func:`qkplast.capture.plan.preflight`) that the caller made after checking this
+    directory's settings (:func:`qkplast.pipeline.stages.check_before_weights`); neither is made again.
     """
     from qkplast.capture.driver import run_capture
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    check_same_capture(run_dir, options)
+    if plan is None:
+        check_same_capture(run_dir, options)
     path = run_dir / "capture.nc"
     if not path.exists():
-        run_capture(options, path, progress=progress, loaded=loaded)
+        # the plan only when there is one: run_capture makes its own otherwise
+        run_capture(options, path, progress=progress, loaded=loaded, **({} if plan is None else {"plan": plan}))
     clear_leftover_parts(run_dir)
     manifest = read_manifest(run_dir) or {}
     if "capture" not in manifest:

@@ -248,8 +248,9 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
     ``T`` (:mod:`qkplast.analysis.gqa`) is compared with the distribution of the keys-kept null
     (:func:`qkplast.analysis.gqa.gqa_key_null`: queries exchanged within layers, each head keeping its keys),
     whose mean is not 0: the heads of a group share their key pairs. The contrast is ``T - mean(null)``
-    (``contrast``), its interval ``[lo_T - q_hi, hi_T - q_lo]``: the policy's interval of ``T`` over documents
-    (each left-out capture's closed-form profiles) against the null's central ``level`` range ``[q_lo, q_hi]``,
+    (``contrast``), its interval ``[lo_T - q_hi, hi_T - q_lo]`` (:func:`qkplast.stats.nulls.null_contrast`): the
+    policy's interval of ``T`` over documents (each left-out capture's closed-form profiles) against the null's
+    central ``level`` range ``[q_lo, q_hi]``,
     so it lies below 0 only when all of ``T``'s interval lies below the null's lower quantile; it carries the
     documents' uncertainty of ``T`` and the spread of the null. ``p (keys kept)`` is the one-sided rank p of
     ``T`` among the null's draws. The label-permutation null (which counts the shared keys as coordination) is
@@ -267,6 +268,7 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
     from qkplast.analysis.plasticity import closed_form_ap
     from qkplast.options import AnalysisOptions
     from qkplast.stats.bootstrap import document_interval
+    from qkplast.stats.nulls import null_contrast
 
     opt = AnalysisOptions.from_kwargs(options)
     labels = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
@@ -279,13 +281,13 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
     t = float(labels.statistic)
     ci = document_interval(capture, statistic, level, estimate=t)
     null = np.asarray(keys.null)
-    q_lo, q_hi = (float(np.quantile(null, q)) for q in ((1 - level) / 2, (1 + level) / 2))
+    c = null_contrast(t, ci["lo"], ci["hi"], null, level, null_mean=float(keys.null_mean))
     out = pd.DataFrame({"T": [t], "T lo": [float(ci["lo"])], "T hi": [float(ci["hi"])],
                         "within group": [float(labels.within)], "between groups": [float(labels.between)],
                         "label null mean": [float(labels.null_mean)], "p (labels permuted)": [float(labels.p_value)],
-                        "key null mean": [float(keys.null_mean)], "key null lo": [q_lo], "key null hi": [q_hi],
-                        "contrast": [t - float(keys.null_mean)], "contrast lo": [float(ci["lo"]) - q_hi],
-                        "contrast hi": [float(ci["hi"]) - q_lo], "p (keys kept)": [float(keys.p_value)]},
+                        "key null mean": [c["null_mean"]], "key null lo": [c["null_lo"]], "key null hi": [c["null_hi"]],
+                        "contrast": [c["contrast"]], "contrast lo": [c["lo"]], "contrast hi": [c["hi"]],
+                        "p (keys kept)": [float(keys.p_value)]},
                        index=pd.Index(["ap (closed form)"], name="profile"))
     out.attrs.update(n_perm=n_perm, level=level, key_null=null,
                      method=(f"T: {_interval_words(ci['interval'])} over documents; contrast: T - the keys-kept null's "

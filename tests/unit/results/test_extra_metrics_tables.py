@@ -1,4 +1,4 @@
-"""The tables of the open-questions chapter (qkplast.results.open_figures): numbers, not strings; intervals inside
+"""The tables of the open-questions chapter (qkplast.results.extra_metrics): numbers, not strings; intervals inside
 their ranges; the GQA reading against the keys-kept null's distribution; coverage on planted worlds at the
 chapter's 4 documents."""
 
@@ -13,7 +13,7 @@ import qkplast.analysis.listwise as listwise_module
 from qkplast.analysis.metrics import analyze
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.options import AnalysisOptions
-from qkplast.results import open_figures as op
+from qkplast.results import extra_metrics as op
 from qkplast.stats.decision import verdict
 from qkplast.theory.planted import planted_capture
 
@@ -64,7 +64,39 @@ def test_listwise_table_keeps_numbers_inside_their_ranges():
     assert np.isnan(t.loc[2, "rho"]) and "logit" in t.attrs["method"] and "4 documents" in t.attrs["method"]
 
 
-def test_nearest_mass_table_is_numeric_and_inside_zero_one(independent):
+def test_listwise_intervals_leave_the_correlation_open_with_too_few_heads():
+    """Two heads cannot rank: rho and its permutation p are NaN (a tiny model), the means still get intervals."""
+    cap, _ = planted_capture(n_heads=2, dim=8, n_docs=N_DOCS, samples_per_bucket=6, seed=4, doc_effect=0.3,
+                             world_seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        metrics = analyze(cap, set_sizes=(2, 8), n_pairs=32)
+        t = op.listwise_document_intervals(cap, metrics, n_perm=19)
+    assert np.isnan(t.loc[8, "rho"]) and np.isnan(t.loc[8, "p_perm"]) and np.isnan(t.loc[8, "rho lo"])
+    assert np.isfinite(t.loc[2, "model"]) and np.isfinite(t.loc[2, "model lo"]) and "4 documents" in t.attrs["method"]
+
+
+def test_the_correlations_interval_stays_inside_minus_one_one(independent, monkeypatch):
+    """rho's jackknife-t runs on Fisher's z and maps back: with leave-out correlations this spread near 1, an
+    interval on rho's own scale would pass 1."""
+    cap, _ = independent
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        metrics = analyze(cap, set_sizes=(2, 8), n_pairs=32)
+    means = {(m, name): 0.5 for m in (2, 8) for name in ("ap_set", "ap_set_mc")}
+    # the whole capture's, each left-out document's, then each left-out pair's (5 documents: the policy's second level)
+    rhos = iter([0.95, 0.99, 0.3, 0.98, 0.97, 0.2, 0.99, 0.4, 0.97, 0.96, 0.35, 0.98, 0.97, 0.25, 0.3, 0.96])
+    monkeypatch.setattr(listwise_module, "listwise", lambda capture, options: None)
+    monkeypatch.setattr(listwise_module, "listwise_means", lambda lw: {**means, (8, "rho"): next(rhos)})
+    monkeypatch.setattr(listwise_module, "pairwise_predicts_listwise", lambda *a, **k: {"p_perm": 0.5})
+    t = op.listwise_document_intervals(cap, metrics, n_perm=19)
+    with pytest.raises(StopIteration):  # every left-out value was read: 1 + 5 + 10
+        next(rhos)
+    lo, hi = t.loc[8, "rho lo"], t.loc[8, "rho hi"]
+    assert -1.0 <= lo <= hi <= 1.0 and t.loc[8, "rho"] == pytest.approx(0.95)
+
+
+def test_nearest_mass_intervals_are_numeric_and_inside_zero_one(independent):
     _, metrics = independent
     near = op.nearest_mass_intervals(metrics)
     for label in ("positional term alone", "full scores", "equal scores"):
@@ -85,6 +117,9 @@ def test_gqa_reading_is_decided_against_the_keys_kept_null(coordinated, independ
         assert r["contrast lo"] == pytest.approx(r["T lo"] - np.quantile(null, 0.975))  # with the null's spread
         assert r["contrast hi"] == pytest.approx(r["T hi"] - np.quantile(null, 0.025))
         assert r["p (keys kept)"] == pytest.approx((1 + np.sum(null <= r["T"])) / 200)
+        # T over documents, and the label-permutation null beside the keys-kept one
+        assert r["T lo"] <= r["T"] <= r["T hi"] and 0 < r["p (labels permuted)"] <= 1
+        assert r["within group"] - r["between groups"] == pytest.approx(r["T"])
         rows[name] = verdict(r["contrast"], r["contrast lo"], r["contrast hi"], r["p (keys kept)"], claim="less")
     # shared queries make a group alike beyond its keys; shared keys alone do not pass
     assert rows == {"coordinated": "supported", "independent": "left open"}, rows

@@ -1,4 +1,4 @@
-"""What drives content decay (thesis 7.6): captures under controlled conditions, intervals and a null.
+"""What drives content decay (thesis 7.6): captures under controlled conditions and the reseeded null.
 
 The thesis names three candidate mechanisms for the AP_drop left after bias
 collapse (RoPE rotation accumulation, attention-sink competition,
@@ -15,15 +15,12 @@ Each condition here is a capture of the same documents, decomposed with
 ``mask_first_k``     the first k keys masked in every attention call (:func:`first_keys_masked`)
 ``all_positions``    the baseline at every position: the source of the null
 
-Intervals: every condition's difference to the baseline is paired by document (the conditions share
-their documents), and its interval is the inference policy's over documents (the bias-corrected jackknife-t,
-below 8 documents with the corrected estimate's own standard error) with both captures re-analysed whole with
-each document, and each pair of documents, left out (:func:`condition_table`). The null: what the decomposition's parts do with no intervention at all. The baseline with
-other sampled positions is cut, for many seeds, from the capture of the baseline at every position
-(:func:`reseeded_captures`: exactly the captures a new seed would take, one forward pass for all of
-them); each condition's difference is ranked among the reseeded differences (:func:`read_conditions`),
-with Holm's correction across the conditions, for the part the page decides; the other parts are described
-beside the same null without a verdict (:func:`describe_conditions`).
+The null: what the decomposition's parts do with no intervention at all. The baseline with other sampled
+positions is cut, for many seeds, from the capture of the baseline at every position (:func:`reseeded_captures`:
+exactly the captures a new seed would take, one forward pass for all of them; :func:`reseed_null` their parts
+minus the baseline's). The readings (the paired intervals over documents, each condition's difference ranked
+among the reseeded differences with Holm's correction, the parts described beside the null, the mechanism
+reading) are :mod:`qkplast.stats.condition_readings`.
 """
 
 from __future__ import annotations
@@ -39,17 +36,15 @@ import pandas as pd
 import torch
 import xarray as xr
 
-from qkplast.analysis.decompose import TERMS
 from qkplast.capture.hooks import attention_transform
-from qkplast.io import validate_capture
+from qkplast.capture_format import validate_capture
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.rundir import cached
+from qkplast.stats.condition_readings import QUANTITIES
 
 #: Version of the condition captures cached under ``RUN/conditions/``: bump it when a condition's capture
 #: changes, so a run recomputes it instead of reusing a stale one.
 SCHEMA_VERSION = 2
-
-QUANTITIES = ("ap_drop",) + TERMS
 
 
 # --------------------------------------------------------------------------- interventions
@@ -318,7 +313,7 @@ def _cut_from(reuse: xr.Dataset | None, spec: dict, settings: dict, tokens: dict
     return cut
 
 
-# --------------------------------------------------------------------------- decomposition, intervals, null
+# --------------------------------------------------------------------------- the reseeded null
 
 
 def reseeded_captures(all_positions: xr.Dataset, baseline: xr.Dataset, seeds) -> list[xr.Dataset]:
@@ -353,57 +348,6 @@ def cut_at_seed(all_positions: xr.Dataset, seed: int, attrs: dict) -> xr.Dataset
     return cut
 
 
-def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | None = None, level: float = 0.95,
-                    progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """AP_drop and its four parts per condition, and each condition's paired difference to ``baseline``.
-
-    Returns two long tables (condition, quantity, estimate, lo, hi): each condition's model-level means
-    over heads with the policy's interval over documents (:func:`qkplast.stats.intervals.policy_interval`), and
-    the differences to the baseline with the same interval of the paired difference (each document, and below 8
-    documents each pair, left out of both captures, both re-analysed whole) and its two-sided t p-value. The capture at every position is left out (it is
-    the null's source, not a condition).
-    """
-    from qkplast.progress import progress_bar
-
-    from qkplast.analysis.decompose import model_level_terms
-    from qkplast.stats.intervals import needs_leave_two_out, policy_interval
-
-    if "baseline" not in captures:
-        raise ValueError("condition_table needs a 'baseline' condition")
-    captures = {n: c for n, c in captures.items() if n != "all_positions"}
-    docs = {name: tuple(np.unique(c.doc.values)) for name, c in captures.items()}
-    if len(set(docs.values())) != 1:
-        raise ValueError(f"conditions hold different documents {sorted(set(docs.values()))}: the differences are paired "
-                         "by document")
-    doc_ids = docs["baseline"]
-    from qkplast.stats.bootstrap import INTERVAL_NAMES, document_jackknife, document_jackknife2
-
-    opt = options or AnalysisOptions()
-    values = lambda cap, pairs=None: np.array(list(model_level_terms(cap, opt, pairs=pairs).values()))  # noqa: E731
-    two = needs_leave_two_out(len(doc_ids))
-    est, jack, jack2 = {}, {}, {}
-    for name, cap in progress_bar(captures.items(), desc="conditions", enabled=progress):
-        est[name] = values(cap)
-        jack[name] = document_jackknife(cap, values, pairs_of=opt)  # [doc, quantity], each keeping its share of pairs
-        jack2[name] = document_jackknife2(cap, values, pairs_of=opt) if two else None  # [doc pair, quantity]
-    rows, diffs = [], []
-    for name in captures:
-        own = policy_interval(est[name], jack[name], jack2[name], level)
-        rows += [{"condition": name, "quantity": q, "estimate": est[name][i], "lo": own["lo"][i], "hi": own["hi"][i]}
-                 for i, q in enumerate(QUANTITIES)]
-        if name == "baseline":
-            continue
-        delta = est[name] - est["baseline"]
-        d = policy_interval(delta, jack[name] - jack["baseline"], jack2[name] - jack2["baseline"] if two else None, level)
-        diffs += [{"condition": name, "quantity": q, "estimate": delta[i], "lo": d["lo"][i], "hi": d["hi"][i],
-                   "p_t": d["p"][i]} for i, q in enumerate(QUANTITIES)]
-    out_v, out_d = pd.DataFrame(rows), pd.DataFrame(diffs)
-    for t in (out_v, out_d):
-        t.attrs.update(level=level, documents=len(doc_ids),
-                       interval=f"{INTERVAL_NAMES[own['interval']]} over documents (captures re-analysed)")
-    return out_v, out_d
-
-
 def reseed_null(all_positions: xr.Dataset, baseline: xr.Dataset, n: int, options: AnalysisOptions | None = None,
                 progress: bool = False) -> pd.DataFrame:
     """AP_drop's parts of ``n`` reseeded baselines minus the baseline's: the null of no intervention.
@@ -420,71 +364,3 @@ def reseed_null(all_positions: xr.Dataset, baseline: xr.Dataset, n: int, options
     rows = [np.array(list(model_level_terms(cap, opt).values())) - base
             for cap in progress_bar(reseeded_captures(all_positions, baseline, seeds), total=n, desc="reseeded", enabled=progress)]
     return pd.DataFrame(rows, columns=list(QUANTITIES), index=pd.Index(seeds, name="seed"))
-
-
-def read_conditions(diffs: pd.DataFrame, null: pd.DataFrame, quantity: str = "ap_drop_content", alpha: float = 0.05,
-                    margin: float | None = None) -> pd.DataFrame:
-    """Which interventions move ``quantity``: interval, the null's rank, Holm across the conditions, verdict.
-
-    Each condition's difference to the baseline is ranked among the reseeded baselines' differences
-    (``null``, no intervention): the two-sided p-value is ``(1 + #{|null| >= |difference|}) / (1 + n)``,
-    whose floor is ``1 / (1 + n)``. The verdict on "the condition moves the quantity"
-    (:func:`qkplast.stats.decision.verdict`, claim "differs") needs the policy's interval of the
-    difference to exclude zero and the Holm-adjusted p (across the conditions) below ``alpha``; with a
-    ``margin`` stated in advance an interval inside it is "no effect".
-    """
-    from qkplast.stats.decision import holm, verdict
-
-    sub = diffs[diffs.quantity == quantity].set_index("condition")
-    n = int(null[quantity].notna().sum())
-    nulls = np.abs(null[quantity].dropna().to_numpy())
-    out = sub[["estimate", "lo", "hi"]].copy()
-    out["p (null rank)"] = [(1 + int(np.sum(nulls >= abs(e)))) / (1 + n) for e in out.estimate]
-    out["p (Holm)"] = holm(out["p (null rank)"].to_numpy())
-    out["verdict"] = [verdict(e, lo, hi, p, claim="differs", margin=margin, alpha=alpha)
-                      for e, lo, hi, p in zip(out.estimate, out.lo, out.hi, out["p (Holm)"])]
-    # the smallest Holm-adjusted p the family can reach: every reading at the floor, times the family's size
-    out.attrs.update(quantity=quantity, n_null=n, floor=1 / (1 + n), null_q95=float(np.quantile(nulls, 0.95)) if n else np.nan,
-                     alpha=alpha, holm_floor=len(out) / (1 + n), can_pass=bool(len(out) / (1 + n) < alpha))
-    return out
-
-
-def describe_conditions(diffs: pd.DataFrame, null: pd.DataFrame, quantities) -> pd.DataFrame:
-    """Each condition's difference to the baseline for ``quantities``, beside the null, with no verdict.
-
-    The parts the page does not decide: the estimate, the policy's interval and the share of the reseeded
-    baselines' differences at least as far from 0 (``(1 + #{|null| >= |difference|}) / (1 + n)``, the quantity
-    :func:`read_conditions` ranks, here not corrected for the many parts and conditions and not read as a test).
-
-    Returns
-    -------
-    pandas.DataFrame
-        Index (quantity, condition); columns ``estimate``, ``lo``, ``hi``, ``share of null as far``.
-    """
-    rows = []
-    for q in quantities:
-        nulls = np.abs(null[q].dropna().to_numpy())
-        for _, r in diffs[diffs.quantity == q].iterrows():
-            rows.append({"quantity": q, "condition": r.condition, "estimate": r.estimate, "lo": r.lo, "hi": r.hi,
-                         "share of null as far": (1 + int(np.sum(nulls >= abs(r.estimate)))) / (1 + len(nulls))})
-    out = pd.DataFrame(rows).set_index(["quantity", "condition"])
-    out.attrs["n_null"] = int(null[list(quantities)].notna().all(axis=1).sum())
-    return out
-
-
-ROPE_LIKE = ("rope", "window")
-SINK_LIKE = ("bos", "mid_document", "mask_first")
-
-
-def mechanism_reading(reading: pd.DataFrame) -> str:
-    """The section 7.6 reading computed from the conditions' verdicts: which kind of intervention moves the part."""
-    moved = [c for c in reading.index if reading.loc[c, "verdict"] == "supported"]
-    rope = [c for c in moved if c.startswith(ROPE_LIKE)]
-    sink = [c for c in moved if c.startswith(SINK_LIKE)]
-    if rope and not sink:
-        return f"only RoPE or window conditions move it ({', '.join(rope)}): the data favour RoPE accumulation (or a length effect) over sink competition"
-    if sink and not rope:
-        return f"only initial-token conditions move it ({', '.join(sink)}): the data favour sink competition over RoPE accumulation"
-    if rope and sink:
-        return f"both kinds move it ({', '.join(moved)}): the data do not single out one mechanism"
-    return "no condition moves it beyond the null with the correction: the data favour neither mechanism at this size"

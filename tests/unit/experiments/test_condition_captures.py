@@ -8,11 +8,9 @@ import pytest
 import torch
 import transformers as T
 
-import pandas as pd
-
-from qkplast.experiments.conditions import (QUANTITIES, condition_grid, condition_table, first_keys_mask, first_keys_masked,
-                                            mechanism_reading, read_conditions, reseed_null, reseeded_captures,
-                                            rope_base_scaled)
+from qkplast.experiments.condition_captures import (condition_grid, first_keys_mask, first_keys_masked, reseed_null,
+                                            reseeded_captures, rope_base_scaled)
+from qkplast.stats.condition_readings import QUANTITIES, condition_table, read_conditions
 from qkplast.analysis.decompose import model_level_terms
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.theory.planted import planted_capture
@@ -117,12 +115,3 @@ def test_condition_table_pairs_documents_and_reads_against_the_null():
     assert reading.loc["same", "p (null rank)"] == 1.0 and reading.loc["same", "verdict"] == "left open"
     assert set(reading.verdict) <= {"supported", "left open", "no effect"}
     assert (reading["p (Holm)"] >= reading["p (null rank)"]).all()
-
-
-def test_mechanism_reading_follows_the_verdicts():
-    r = pd.DataFrame({"verdict": ["supported", "left open", "left open"]}, index=["rope_x2", "bos", "window_2048"])
-    assert "RoPE" in mechanism_reading(r) and "sink" in mechanism_reading(r)  # favours RoPE over sink competition
-    r.loc["bos", "verdict"] = "supported"
-    assert "do not single out" in mechanism_reading(r)
-    r["verdict"] = "left open"
-    assert "neither" in mechanism_reading(r)

@@ -5,7 +5,7 @@ import pytest
 import xarray as xr
 
 import qkplast
-from qkplast.io import CaptureError, save_dataset, validate_capture
+from qkplast.capture_format import CaptureError, save_dataset, validate_capture
 from qkplast.theory.planted import planted_capture
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from qkplast._torch import to_numpy
+from qkplast.tensors import to_numpy
 from qkplast.analysis.decompose import Counterfactuals, counterfactuals, decomposition_dataset, usable_counts
 from qkplast.analysis.listwise import ListwiseChunk, SetPlan, listwise_dataset, listwise_kernel, set_plan
 from qkplast.analysis.plasticity import Rotated

@@ -1,71 +1,22 @@
-"""Chapter 12's grid without a model: head lists as text, matched null sets, the copy design, and the readings'
-statistics and decision rule on a synthetic grid whose answers are planted."""
+"""Chapter 12's readings without a model (qkplast.stats.intervention_readings): the registration, the readings'
+statistics and decision rule on a synthetic grid whose answers are planted, the functional check's gate and the k rule."""
 
 import numpy as np
 import pytest
 import xarray as xr
 
-import qkplast.experiments.grid as qx
+import qkplast.stats.intervention_readings as qs
 from qkplast.errors import QkplastError
-from qkplast.experiments.behavior import BehaviorError, CopyDesign
+from qkplast.experiments.behavior import CopyDesign
 
-
-def test_heads_round_trip_through_text_and_bad_items_are_named():
-    heads = [(0, 3), (12, 5), (2, 0)]
-    assert qx.parse_heads(qx.format_heads(heads)) == heads
-    assert qx.parse_heads("") == []
-    with pytest.raises(QkplastError, match="'3-5'"):
-        qx.parse_heads("1.2 3-5")
-
-
-def test_null_sets_have_the_size_and_layer_mix_of_the_targeted_set():
-    layer = np.repeat(np.arange(4), 9)
-    metrics = xr.Dataset(coords={"layer": ("head", layer), "q_head": ("head", np.tile(np.arange(9), 4))})
-    target = [(0, 1), (0, 2), (0, 7), (2, 4)]
-    sets = qx.matched_random_heads(metrics, target, 30, seed=[1, 2])
-    assert len(sets) == 30 and len({tuple(s) for s in sets}) > 20  # distinct draws
-    for s in sets:
-        assert sorted(la for la, _ in s) == [0, 0, 0, 2] and len(set(s)) == 4
-    assert qx.matched_random_heads(metrics, target, 3, seed=[1, 2]) == sets[:3]  # seeded per set
-
-
-def test_registration_file_holds_every_rule_the_chapter_reads():
-    assert list(REG["readings"]) == ["lowest", "highest", "selective", "clamp key", "clamp plasticity"]
-    for field in ("decision_rule", "gate", "working_fraction", "k_rule", "k_candidates", "n_pilot_sets", "ablation",
-                  "design", "alpha"):
-        assert field in REG
-    d = REG["design"]
-    CopyDesign(window=d["window"], seg_len=d["seg_len"], positions=tuple(d["positions"]),
-               distances=tuple(d["distances"]), matched_context=d["matched_context"])  # the registered cells fit
+REG = qs.load_readings()
 
 
 def test_a_reading_without_its_fields_is_refused(tmp_path):
     bad = tmp_path / "r.yaml"
     bad.write_text("readings:\n  lowest: {text: t, statistic: s, target: lowest, claim: greater}\n")
     with pytest.raises(QkplastError, match="'lowest'.*null_sets"):
-        qx.load_readings(bad)
-
-
-def test_copy_design_layout_and_refusals():
-    d = CopyDesign()
-    assert d.sequences() == [[(288, 32), (480, 256)], [(288, 256), (480, 32)]]
-    assert sorted(d.cells) == sorted((p, dd) for seq in d.sequences() for p, dd in seq)  # every cell once
-    with pytest.raises(BehaviorError, match="outside"):
-        CopyDesign(positions=(256, 480), distances=(48, 256))
-    with pytest.raises(BehaviorError, match="overlap"):
-        CopyDesign(window=96, seg_len=6, positions=(36, 56), distances=(8, 30))
-    with pytest.raises(BehaviorError, match="at least as many distances"):
-        CopyDesign(positions=(100, 200, 300), distances=(16, 32))
-
-
-def test_geometry_plan_scales_the_windows_to_the_sampling():
-    assert qx.geometry_plan(8, 4) == (4, 1, 3)
-    assert qx.geometry_plan(1, 4) == (8, 4, 4)  # one query per bucket and window: 4 windows for each group
-    with pytest.raises(QkplastError, match="at least 2 windows"):
-        qx.geometry_plan(8, 1)
-
-
-REG = qx.load_readings()
+        qs.load_readings(bad)
 
 
 def synthetic_grid(n_windows=8, n_null=20, lowest=0.5, highest=0.0, far_extra=0.3, null_far_extra=0.0, key=-0.0001,
@@ -107,7 +58,7 @@ def synthetic_grid(n_windows=8, n_null=20, lowest=0.5, highest=0.0, far_extra=0.
 
 
 def test_readings_follow_the_planted_effects_and_the_rule():
-    r = qx.readings(synthetic_grid(), REG).set_index("key")
+    r = qs.readings(synthetic_grid(), REG).set_index("key")
     assert list(r.index) == ["lowest", "highest", "selective", "clamp key"]  # no plasticity given: left out
     assert r.attrs["m"] == 4 and r.gate.isna().all()
     assert r.loc["lowest"].estimate == pytest.approx(0.4, abs=0.02)  # 0.5 over the nulls' 0.1
@@ -123,47 +74,47 @@ def test_readings_follow_the_planted_effects_and_the_rule():
 
 def test_the_distance_contrast_is_read_against_the_nulls_distance_contrast():
     # the null sets show the same far-minus-near rise as the highest set: the distance effect is not the heads'
-    same = qx.readings(synthetic_grid(far_extra=0.3, null_far_extra=0.3), REG).set_index("key").loc["selective"]
+    same = qs.readings(synthetic_grid(far_extra=0.3, null_far_extra=0.3), REG).set_index("key").loc["selective"]
     assert abs(same.estimate) < 0.03 and same.verdict != "supported"
     # the highest set without any distance effect, the null sets with one: contradicted
-    less = qx.readings(synthetic_grid(far_extra=0.0, null_far_extra=0.3), REG).set_index("key").loc["selective"]
+    less = qs.readings(synthetic_grid(far_extra=0.0, null_far_extra=0.3), REG).set_index("key").loc["selective"]
     assert less.estimate == pytest.approx(-0.3, abs=0.03) and less.verdict == "contradicted"
 
 
 def test_a_broken_condition_gates_its_readings_out_of_the_family():
     grid = synthetic_grid(broken=("highest",))
-    check = qx.functional_check(grid, REG["working_fraction"])
+    check = qs.functional_check(grid, REG["working_fraction"])
     assert check.attrs["threshold"] == pytest.approx(0.5 * np.log(49152))
     assert list(check.kind[~check.working]) == ["highest"]
-    r = qx.readings(grid, REG).set_index("key")
+    r = qs.readings(grid, REG).set_index("key")
     for key in ("highest", "selective"):
         assert r.loc[key].verdict == "not testable (gate: model broken)" and np.isnan(r.loc[key].p)
     assert r.attrs["m"] == 2 and r.loc["lowest"].verdict == "supported"  # the family holds the other two
     # the median null set broken gates too, whatever the targeted set does
-    r = qx.readings(synthetic_grid(broken=("null lowest",)), REG).set_index("key")
+    r = qs.readings(synthetic_grid(broken=("null lowest",)), REG).set_index("key")
     assert r.loc["lowest"].verdict.startswith("not testable")
     # a k pilot whose median set at 16 is broken chooses 8
     pilot = xr.Dataset({"nll": (("k", "set"), [[1.0, 1.2, 9.0], [2.0, 3.0, 8.0], [4.0, 6.0, 7.0]])},
                        coords={"k": [4, 8, 16]}, attrs={"threshold": 5.4})
-    assert qx.choose_k(pilot) == 8
-    assert qx.choose_k(pilot.assign(nll=pilot.nll + 10)) == 4  # none works: the smallest, and the gates say so
+    assert qs.choose_k(pilot) == 8
+    assert qs.choose_k(pilot.assign(nll=pilot.nll + 10)) == 4  # none works: the smallest, and the gates say so
 
 
 def test_plasticity_reading_against_its_null_clamps():
     grid = synthetic_grid()
     null = np.random.default_rng(3).normal(0.01, 0.005, 20)
-    r = qx.readings(grid, REG, plasticity={"target": 0.08, "null": null}).set_index("key")
+    r = qs.readings(grid, REG, plasticity={"target": 0.08, "null": null}).set_index("key")
     assert r.attrs["m"] == 5 and r.loc["clamp plasticity"].verdict == "supported"
-    r = qx.readings(grid, REG, plasticity={"target": 0.012, "null": null}).set_index("key")
+    r = qs.readings(grid, REG, plasticity={"target": 0.012, "null": null}).set_index("key")
     assert r.loc["clamp plasticity"].verdict == "left open"
 
 
 def test_null_position_ranks_the_targeted_set_among_its_nulls():
     grid = synthetic_grid(highest=0.05, far_extra=0.0)
-    pos = qx.null_position(grid, "highest", 16)
+    pos = qs.null_position(grid, "highest", 16)
     assert pos["n_null"] == 20 and pos["target"] < np.median(pos["null"])  # 0.05 below the null sets' 0.1
     assert pos["p"] > 0.5
-    table = qx.effect_table(grid)
+    table = qs.effect_table(grid)
     assert set(table.kind) == {"lowest", "highest", "clamp key", "clamp query"} and len(table) == 16
     row = table[(table.kind == "lowest") & (table.position == 288) & (table.distance == 32)].iloc[0]
     assert row.lo <= row.effect <= row.hi and row.effect == pytest.approx(0.5, abs=0.02)
@@ -176,8 +127,8 @@ def test_targeted_sets_meet_their_nulls_on_the_windows_the_nulls_measured():
     nll = grid.nll.values.copy()
     nll[list(grid.kind.values).index("lowest"), 3:] += 4.5
     part = grid.copy(data={"nll": nll, "acc": grid.acc.values})
-    pos = qx.null_position(part, "lowest", 16)
+    pos = qs.null_position(part, "lowest", 16)
     assert len(pos["per_window"]) == 3 and np.isfinite(pos["null"]).all()
     assert pos["target"] == pytest.approx(0.5, abs=0.02)  # over the unablated model, on windows 0-2 only
-    r = qx.readings(part, REG).set_index("key").loc["lowest"]
+    r = qs.readings(part, REG).set_index("key").loc["lowest"]
     assert r.estimate == pytest.approx(0.4, abs=0.02)  # 0.5 over the nulls' 0.1, not pulled up by windows 3-7

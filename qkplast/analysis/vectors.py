@@ -1,7 +1,7 @@
 """What the analyses read of a capture: the vectors as captured, or with a family's peculiarity taken out.
 
 Two families store something beside their vectors that changes what the
-vectors mean (see :mod:`qkplast.io`, optional coordinates):
+vectors mean (see :mod:`qkplast.capture_format`, optional coordinates):
 
 * GPT-NeoX (Pythia) turns only the first quarter of each head's dimensions
   (``rotary`` on ``dim``); the other dimensions carry content and whatever
@@ -64,7 +64,7 @@ def analysis_vectors(capture: xr.Dataset, options: AnalysisOptions) -> xr.Datase
     Parameters
     ----------
     capture : xarray.Dataset
-        A capture (:mod:`qkplast.io`).
+        A capture (:mod:`qkplast.capture_format`).
     options : AnalysisOptions
         ``query_scale="divided_out"`` divides each query by the capture's
         ``query_scale`` factor at its position (keys carry none); then

@@ -1,11 +1,11 @@
-"""qkplast.analysis.signs: float32 sign sums certified by a rounding bound equal the float64 product's, on planted near-ties."""
+"""qkplast.analysis.certified_signs: float32 sign sums certified by a rounding bound equal the float64 product's, on planted near-ties."""
 
 import numpy as np
 import pytest
 import torch
 
-from qkplast.analysis import signs
-from qkplast.analysis.signs import bucket_rows, float64_sign_sums, sign_bound, sign_sums
+from qkplast.analysis import certified_signs
+from qkplast.analysis.certified_signs import bucket_rows, float64_sign_sums, sign_bound, sign_sums
 
 
 def layout(n_bucket, n_slot, counts, n_sample):
@@ -106,17 +106,17 @@ def test_reduced_precision_products_take_the_float64_path(problem, precision, mo
     queries = near_ties(rows, queries, idx, mask)
     want = reference(rows, queries, idx, mask)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert signs.float32_products_are_exact_ieee(cpu) and signs.float32_products_are_exact_ieee(cuda)
+    assert certified_signs.float32_products_are_exact_ieee(cpu) and certified_signs.float32_products_are_exact_ieee(cuda)
     precision(torch.backends.cuda.matmul, "tf32")
-    assert not signs.float32_products_are_exact_ieee(cuda) and signs.float32_products_are_exact_ieee(cpu)
+    assert not certified_signs.float32_products_are_exact_ieee(cuda) and certified_signs.float32_products_are_exact_ieee(cpu)
     precision(torch.backends.mkldnn, "bf16")  # the backend's setting, where its matmul defers ("none")
-    assert not signs.float32_products_are_exact_ieee(cpu)
+    assert not certified_signs.float32_products_are_exact_ieee(cpu)
     precision(torch.backends.mkldnn.matmul, "ieee")  # the matmul's own setting wins
-    assert signs.float32_products_are_exact_ieee(cpu)
+    assert certified_signs.float32_products_are_exact_ieee(cpu)
     precision(torch.backends.mkldnn.matmul, "bf16")
     calls = []
-    real = signs.float64_sign_sums
-    monkeypatch.setattr(signs, "float64_sign_sums", lambda r, c: calls.append(r.dtype) or real(r, c))
+    real = certified_signs.float64_sign_sums
+    monkeypatch.setattr(certified_signs, "float64_sign_sums", lambda r, c: calls.append(r.dtype) or real(r, c))
     assert torch.equal(sign_sums(rows, queries, idx, mask), want)
     assert calls == [torch.float64]
 
@@ -125,8 +125,8 @@ def test_values_that_could_overflow_float32_take_the_float64_path(problem, monke
     rows, queries, idx, mask = problem
     rows = rows * 1e36  # ||q|| ||r|| beyond 2^100; float32 squares of r overflow
     calls = []
-    real = signs.float64_sign_sums
-    monkeypatch.setattr(signs, "float64_sign_sums", lambda r, c: calls.append(r.shape) or real(r, c))
+    real = certified_signs.float64_sign_sums
+    monkeypatch.setattr(certified_signs, "float64_sign_sums", lambda r, c: calls.append(r.shape) or real(r, c))
     got = sign_sums(rows, queries, idx, mask)
     assert calls and calls[0] == rows.shape  # the whole product, in float64
     assert torch.equal(got, reference(rows, queries, idx, mask))
@@ -136,8 +136,8 @@ def test_many_uncertain_pairs_take_one_float64_product(problem, monkeypatch):
     rows, queries, idx, mask = problem
     queries = near_ties(rows, queries, idx, mask, fraction=1.0)
     calls = []
-    real = signs.float64_sign_sums
-    monkeypatch.setattr(signs, "float64_sign_sums", lambda r, c: calls.append(r.shape) or real(r, c))
+    real = certified_signs.float64_sign_sums
+    monkeypatch.setattr(certified_signs, "float64_sign_sums", lambda r, c: calls.append(r.shape) or real(r, c))
     assert torch.equal(sign_sums(rows, queries, idx, mask), reference(rows, queries, idx, mask))
     assert calls == [rows.shape]
 
