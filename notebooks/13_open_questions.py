@@ -83,7 +83,8 @@ import numpy as np
 import pandas as pd
 
 import qkplast.results.extra_metrics as op
-from qkplast.analysis.gqa import gqa_similarity, gqa_testable
+from qkplast.analysis.gqa import gqa_testable
+from qkplast.stats.permutation_tests import gqa_similarity
 from qkplast.experiments.condition_captures import capture_conditions, reseed_null
 from qkplast.rundir import chapter_run
 from qkplast.results import tables as results
@@ -338,7 +339,7 @@ others.round(4)
 #   null counts that as coordination;
 # * *keys kept*: every head keeps its own keys and the **queries** are exchanged among the heads of the
 #   layer: head $h$ gets the profile of query head $\pi(h)$ scored against $h$'s keys
-#   (`qkplast.analysis.gqa.gqa_key_null`). What survives this null is coordination beyond the shared keys,
+#   (`qkplast.stats.permutation_tests.gqa_key_null`). What survives this null is coordination beyond the shared keys,
 #   the reading decided here.
 #
 # The p-value is one-sided, $(1 + \#\{T_{\mathrm{null}} \le T\}) / (1 + n_{\mathrm{perm}})$; $T$ gets the policy's

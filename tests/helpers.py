@@ -219,7 +219,7 @@ def fake_stage(monkeypatch, tmp_path):
         replace(main, corpus=corpus), "as-run", "planted: the run's windows"))
     monkeypatch.setattr(stages, "check_windows", lambda options: calls.append(("windows", options.corpus)))
     monkeypatch.setattr(stages, "check_memory", lambda *a, **k: None)  # the plan reads the model's config
-    monkeypatch.setattr(models, "load_for", lambda options: calls.append(("load", options.model)) or "model")
+    monkeypatch.setattr(models, "load_for", lambda options, plan=None: calls.append(("load", options.model)) or "model")
     monkeypatch.setattr(models, "release_model", lambda loaded: calls.append(("release", loaded)))
     monkeypatch.setattr(driver, "run_capture", fake_capture)
     return calls

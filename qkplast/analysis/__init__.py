@@ -11,11 +11,10 @@ read metrics or captures for their own questions.
 """
 
 from qkplast.analysis.decompose import decompose_drop
-from qkplast.analysis.gqa import gqa_similarity
 from qkplast.analysis.metrics import analyze, thesis_metrics
 from qkplast.analysis.pairs import PlasticityWarning
 from qkplast.analysis.pooling import pooling_table
 
 # pca, rotation, plasticity and listwise are both modules and their one public function: the functions stay
 # in their modules (qkplast.analysis.pca.pca, ...) so that the module names are not shadowed here
-__all__ = ["PlasticityWarning", "analyze", "decompose_drop", "gqa_similarity", "pooling_table", "thesis_metrics"]
+__all__ = ["PlasticityWarning", "analyze", "decompose_drop", "pooling_table", "thesis_metrics"]

@@ -664,17 +664,17 @@ def tied_ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def _rank_correlation(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
+def rank_correlation(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:
     """Pearson correlation of each row pair of ranks ``[rep, n]``."""
     rx = rx - rx.mean(1, keepdims=True)
     ry = ry - ry.mean(1, keepdims=True)
     return (rx * ry).sum(1) / np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
 
 
-def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Spearman correlation of each row pair of ``x``, ``y`` ``[rep, n]`` (ties share their average rank,
     :func:`tied_ranks`)."""
-    return _rank_correlation(tied_ranks(x), tied_ranks(y))
+    return rank_correlation(tied_ranks(x), tied_ranks(y))
 
 
 def head_level(metrics: xr.Dataset, variable: str = "ap_set") -> xr.DataArray:
@@ -692,12 +692,12 @@ def listwise_means(lw: xr.Dataset) -> dict:
         for name in ("ap_set", "ap_set_mc"):
             out[(int(m), name)] = float(np.nanmean(head_level(lw, name).sel(set_size=m).values))
         if int(m) != 2:
-            x, y = _pairwise_and_listwise(lw, int(m))
-            out[(int(m), "rho")] = float(_spearman_rows(x[None], y[None])[0]) if len(x) >= 3 else np.nan
+            x, y = pairwise_and_listwise(lw, int(m))
+            out[(int(m), "rho")] = float(spearman_rows(x[None], y[None])[0]) if len(x) >= 3 else np.nan
     return out
 
 
-def _pairwise_and_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set"):
+def pairwise_and_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set"):
     """Per-head pairwise (m = 2) and listwise (``set_size``) values, each the mean over the query buckets where the
     listwise value exists (so the two average the same buckets); heads with either missing left out."""
     sub = metrics[variable]
@@ -708,24 +708,3 @@ def _pairwise_and_listwise(metrics: xr.Dataset, set_size: int, variable: str = "
         y = sub.sel(set_size=set_size).where(both).mean("query_bucket", skipna=True).values
     ok = ~np.isnan(x) & ~np.isnan(y)
     return x[ok], y[ok]
-
-
-def pairwise_predicts_listwise(metrics: xr.Dataset, set_size: int, variable: str = "ap_set", n_perm: int = 2000,
-                               seed: int = 0) -> dict:
-    """Rank correlation across heads of pairwise AP (m = 2) with listwise AP at ``set_size``, and the two-sided
-    permutation p-value of no association (head labels of one side shuffled).
-
-    Both are per-head means over the query buckets where the listwise value is defined (so the two average
-    the same buckets). The interval of ``rho`` is over documents
-    (:func:`qkplast.results.extra_metrics.listwise_document_intervals`), not over heads. Vectorised over permutations.
-    """
-    x, y = _pairwise_and_listwise(metrics, set_size, variable)
-    if len(x) < 3:
-        raise ValueError(f"set size {set_size}: fewer than 3 heads with both pairwise and listwise values")
-    rng = np.random.default_rng(seed)
-    rx, ry = tied_ranks(x[None]), tied_ranks(y[None])  # [1, head] each, ranked once
-    rho = float(_rank_correlation(rx, ry)[0])
-    perm = np.argsort(rng.random((n_perm, len(x))), axis=1)
-    null = _rank_correlation(np.broadcast_to(rx, perm.shape), ry[0][perm])  # a permuted side's ranks, permuted
-    return {"set_size": set_size, "rho": rho, "p_perm": float((1 + np.sum(np.abs(null) >= abs(rho))) / (1 + n_perm)),
-            "n_heads": int(len(x))}

@@ -444,7 +444,7 @@ def run_capture(
     # windows are captured, so the check is not repeated under it
     with output_lock(out):
         if loaded is None:
-            loaded = load_for(plan.options)
+            loaded = load_for(plan.options, plan=plan)
         return _capture(loaded.model, loaded.tokenizer, documents, out, plan.options, overwrite=overwrite,
                         progress=progress, model_info=loaded.info, plan=plan)
 

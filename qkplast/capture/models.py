@@ -43,6 +43,7 @@ __all__ = [
     "ModelError",
     "DEFAULT_MODEL",
     "LoadedModel",
+    "Preloaded",
     "cache_dir",
     "embedded_gguf_path",
     "prepare_default_model",
@@ -535,10 +536,26 @@ def load_tokenizer(name: str, *, revision: str | None = None, tokenizer: str | N
     return load_tokenizer_with_info(name, revision=revision, tokenizer=tokenizer, local_files_only=local_files_only)[0]
 
 
-def tokenizer_for(options):
+def tokenizer_for(options, with_info: bool = False):
     """The tokenizer a capture's :class:`~qkplast.options.CaptureOptions` read their corpus with (its ``tokenizer``
-    option, else the model's own at its revision): the one way planning, validation and sizing load it."""
+    option, else the model's own at its revision): the one way planning, validation and sizing load it. With
+    ``with_info``, ``(tokenizer, info)`` as :func:`load_tokenizer_with_info` returns them (a capture's preflight
+    keeps both, so that the model load does not read the tokenizer again)."""
+    if with_info:
+        return load_tokenizer_with_info(options.model, revision=options.revision, tokenizer=options.tokenizer)
     return load_tokenizer(options.model, revision=options.revision, tokenizer=options.tokenizer)
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """What a capture's preflight already read of a model: its config (RoPE override applied) and provenance as
+    :func:`load_config` returns them, and the tokenizer with its provenance (:func:`load_tokenizer_with_info`).
+    :func:`load_model` given one loads only the weights."""
+
+    config: object
+    info: dict
+    tokenizer: object
+    tokenizer_info: dict
 
 
 def load_model(
@@ -551,6 +568,7 @@ def load_model(
     local_files_only: bool | None = None,
     seq_len: int | None = None,
     tokenizer: str | None = None,
+    preloaded: Preloaded | None = None,
 ) -> LoadedModel:
     """Resolve ``name`` and load the model and tokenizer for capture.
 
@@ -578,6 +596,9 @@ def load_model(
         directory), see :attr:`qkplast.options.CaptureOptions.tokenizer`; loaded
         before the weights. ``info`` records it and its commit
         (``tokenizer``, ``tokenizer_revision``, ``tokenizer_commit``).
+    preloaded : Preloaded, optional
+        The config and tokenizer a preflight of the same model, revision, RoPE override and tokenizer already
+        read (and checked against ``seq_len``): used instead of reading them again.
 
     Raises
     ------
@@ -587,13 +608,19 @@ def load_model(
     device = loading_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     local_files_only = _offline() if local_files_only is None else local_files_only
-    config, info = load_config(name, revision=revision, rope_scaling=rope_scaling, local_files_only=local_files_only)
-    source = info["path"]
-    if seq_len is not None:
+    if preloaded is not None:  # read and checked by the capture's preflight
+        config, info = preloaded.config, dict(preloaded.info)
+        loaded_tokenizer, tokenizer_info = preloaded.tokenizer, preloaded.tokenizer_info
+    else:
+        config, info = load_config(name, revision=revision, rope_scaling=rope_scaling, local_files_only=local_files_only)
+        if seq_len is not None:
+            check_seq_len(config, seq_len, rope_scaling=info["rope_scaling"])
+        loaded_tokenizer, tokenizer_info = load_tokenizer_with_info(
+            name, revision=revision, tokenizer=tokenizer, local_files_only=local_files_only
+        )
+    if preloaded is not None and seq_len is not None:  # no file read: the check costs nothing
         check_seq_len(config, seq_len, rope_scaling=info["rope_scaling"])
-    loaded_tokenizer, tokenizer_info = load_tokenizer_with_info(
-        name, revision=revision, tokenizer=tokenizer, local_files_only=local_files_only
-    )
+    source = info["path"]
     kwargs = {"revision": info["revision"], "local_files_only": local_files_only}
     try:
         model_class = auto_model_class(config)
@@ -634,17 +661,31 @@ def quiet_transformers():
         transformers.logging.enable_progress_bar()
 
 
-def load_for(options) -> LoadedModel:
+#: the options that decide what a model load reads besides the weights (config, RoPE override, tokenizer)
+LOAD_FIELDS = ("model", "revision", "rope_scaling", "tokenizer")
+
+
+def load_for(options, plan=None) -> LoadedModel:
     """The model and tokenizer a capture's :class:`~qkplast.options.CaptureOptions` name, loaded quietly.
 
     The one way the pipeline, the run directory and the experiments load a run's model: its model,
     revision, tokenizer, device, dtype and RoPE override, checked against its ``seq_len`` before the
-    weights load.
+    weights load. ``plan``: a capture's preflight (:func:`qkplast.capture.plan.preflight`) of the same model,
+    revision, RoPE override and tokenizer, whose config and tokenizer are used instead of reading them again.
     """
     with quiet_transformers():
         return load_model(options.model, device=options.device, dtype=options.dtype,
                           rope_scaling=options.rope_scaling, revision=options.revision, seq_len=options.seq_len,
-                          tokenizer=options.tokenizer)
+                          tokenizer=options.tokenizer, preloaded=_preloaded(options, plan))
+
+
+def _preloaded(options, plan) -> Preloaded | None:
+    """The config and tokenizer ``plan`` read, when it read both for what ``options`` load."""
+    if plan is None or getattr(plan, "tokenizer_info", None) is None or plan.config is None:
+        return None
+    if any(getattr(plan.options, f) != getattr(options, f) for f in LOAD_FIELDS):
+        return None
+    return Preloaded(plan.config, plan.model_info, plan.tokenizer, plan.tokenizer_info)
 
 
 def release_model(loaded: LoadedModel) -> None:

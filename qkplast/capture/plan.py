@@ -219,8 +219,9 @@ class CapturePlan:
     config, model_info
         The model's config (RoPE override applied) and its provenance, as :func:`qkplast.capture.models.load_config`
         returned them: loaded once per plan.
-    tokenizer
-        The tokenizer that counted the windows (None when they were not counted).
+    tokenizer, tokenizer_info
+        The tokenizer that counted the windows (None when they were not counted), and its provenance when this
+        plan loaded it (the model load then reads neither again: :func:`qkplast.capture.models.load_for`).
     corpus : qkplast.capture.corpus.Corpus or None
         The corpus the windows were counted in.
     kept_windows : list of qkplast.capture.corpus.Window or None
@@ -253,6 +254,7 @@ class CapturePlan:
     config: object = field(default=None, repr=False, compare=False)
     model_info: dict = field(default_factory=dict, repr=False, compare=False)
     tokenizer: object = field(default=None, repr=False, compare=False)
+    tokenizer_info: dict | None = field(default=None, repr=False, compare=False)
     corpus: object = field(default=None, repr=False, compare=False)
     kept_windows: list | None = field(default=None, repr=False, compare=False)
     window_stats: object = field(default=None, repr=False, compare=False)
@@ -472,6 +474,7 @@ def plan_capture(options: CaptureOptions, *, device_memory_gb: float | None = No
         options=options, commit=info.get("commit"), device=device, dtype=dtype, windows=counted.found,
         windows_wanted=options.docs, device_memory_gb=device_memory_gb, kernel_problem=kernel,
         length_problem=length_problem, config=config, model_info=info, tokenizer=counted.tokenizer,
+        tokenizer_info=counted.tokenizer_info,
         corpus=counted.corpus, kept_windows=counted.kept, window_stats=counted.stats,
         **(_layout_and_memory(options, config, device, dtype, gpus) if memory else {"heads": 0, "heads_eligible": 0}),
     )
@@ -508,6 +511,7 @@ class _Counted:
     corpus: object = None
     kept: list | None = None
     stats: object = None
+    tokenizer_info: dict | None = None
 
 
 def _windows(options: CaptureOptions, documents, tokenizer, keep: bool) -> _Counted:
@@ -522,13 +526,13 @@ def _windows(options: CaptureOptions, documents, tokenizer, keep: bool) -> _Coun
     from qkplast.capture.models import tokenizer_for
 
     documents = open_corpus_for(options) if documents is None else documents
-    tokenizer = tokenizer_for(options) if tokenizer is None else tokenizer
+    tokenizer, tokenizer_info = tokenizer_for(options, with_info=True) if tokenizer is None else (tokenizer, None)
     stats = WindowStats()
     windows = itertools.islice(
         iter_windows(documents, tokenizer, options.seq_len, short_docs=options.short_docs, stats=stats), options.docs)
     kept = list(windows) if keep else None
     found = len(kept) if keep else sum(1 for _ in windows)
-    return _Counted(found, tokenizer, documents, kept, stats)
+    return _Counted(found, tokenizer, documents, kept, stats, tokenizer_info)
 
 
 def _visible_gpus() -> int:

@@ -172,7 +172,7 @@ def capture_stage(targets, analysis: AnalysisOptions, progress, skipped: dict | 
     models = list(dict.fromkeys((t.options.model, t.options.revision) for t in missing))
     for model in models:
         group = [t for t in missing if (t.options.model, t.options.revision) == model]
-        loaded = load_for(group[0].options)
+        loaded = load_for(group[0].options, plan=plans.get(group[0].run_dir))
         try:
             for target in group:
                 if progress:

@@ -116,7 +116,7 @@ def condition_bars(table: pd.DataFrame, quantities=("ap_drop", "ap_drop_baseline
 def gqa_null(result: xr.Dataset, key_null: np.ndarray | None = None):
     """Permutation nulls of the GQA statistic with the observed value, and the per-layer statistic.
 
-    ``result``: :func:`qkplast.analysis.gqa.gqa_similarity` (the label-permutation null); ``key_null``: the draws of
+    ``result``: :func:`qkplast.stats.permutation_tests.gqa_similarity` (the label-permutation null); ``key_null``: the draws of
     the null that keeps every head's keys (:func:`gqa_reading`'s ``attrs["key_null"]``), drawn over it when given.
     """
     fig, (a, b) = _fig(2, width=4.8)
@@ -163,7 +163,8 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
         over buckets) with ``lo``/``hi`` columns (``model lo``, ...); for m != 2 ``rho``, ``rho lo``, ``rho hi`` and
         ``p_perm``; ``reason`` (empty where every interval of the row is defined). Numbers only.
     """
-    from qkplast.analysis.listwise import listwise, listwise_means, pairwise_predicts_listwise
+    from qkplast.analysis.listwise import listwise, listwise_means
+    from qkplast.stats.permutation_tests import pairwise_predicts_listwise
     from qkplast.analysis.plasticity import PlasticityWarning
     from qkplast.options import AnalysisOptions
     from qkplast.stats.intervals import leave_two_out, needs_leave_two_out, policy_interval
@@ -246,7 +247,7 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
     """The GQA statistic ``T`` against the null that keeps every head's keys, as the page decides it.
 
     ``T`` (:mod:`qkplast.analysis.gqa`) is compared with the distribution of the keys-kept null
-    (:func:`qkplast.analysis.gqa.gqa_key_null`: queries exchanged within layers, each head keeping its keys),
+    (:func:`qkplast.stats.permutation_tests.gqa_key_null`: queries exchanged within layers, each head keeping its keys),
     whose mean is not 0: the heads of a group share their key pairs. The contrast is ``T - mean(null)``
     (``contrast``), its interval ``[lo_T - q_hi, hi_T - q_lo]`` (:func:`qkplast.stats.nulls.null_contrast`): the
     policy's interval of ``T`` over documents (each left-out capture's closed-form profiles) against the null's
@@ -264,7 +265,8 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
         ``contrast``, ``contrast lo``, ``contrast hi``, ``p (keys kept)``; ``attrs["key_null"]`` holds the
         null's draws.
     """
-    from qkplast.analysis.gqa import cross_profiles, gqa_key_null, gqa_similarity
+    from qkplast.analysis.gqa import cross_profiles
+    from qkplast.stats.permutation_tests import gqa_key_null, gqa_similarity
     from qkplast.analysis.plasticity import closed_form_ap
     from qkplast.options import AnalysisOptions
     from qkplast.stats.bootstrap import document_interval

@@ -139,7 +139,7 @@ def conjunction(words) -> str:
     """The verdict on a claim made of several parts: supported only when every part is.
 
     A contradicted part contradicts the whole; otherwise a part that is not testable (its model failed a gate:
-    ``"not testable (gate: a, b)"``, :func:`qkplast.train.gates.not_testable`) makes the whole not testable, naming
+    ``"not testable (gate: a, b)"``, :func:`not_testable`) makes the whole not testable, naming
     every failed gate once; all parts "no effect" is "no effect"; otherwise the claim is left open.
     """
     words = list(words)
@@ -199,6 +199,45 @@ def holm_verdicts(readings: list[dict], alpha: float = 0.05) -> pd.DataFrame:
     out.attrs["rule"] = (f"Holm across {len(out)} readings at {alpha}; an interval over documents, where the item has "
                          "one, must lie on the claimed side of zero")
     return out
+
+
+def not_testable(failed) -> str:
+    """The verdict of a reading on data that failed the gates ``failed`` (their names): ``not testable (gate: a, b)``."""
+    return f"{NOT_TESTABLE} (gate: {', '.join(failed)})"
+
+
+def decide_family(rows: list[dict], alpha: float = 0.05, power: float = 0.8) -> list[dict]:
+    """Verdicts of pre-registered readings decided together: Holm across the directional ones that passed their gates.
+
+    Each row holds ``estimate``, ``lo``, ``hi``, ``p`` (the interval's), ``seeds`` (the independent units),
+    ``sd`` (their standard deviation of the contrast), ``claim`` (``"greater"``, ``"less"``, ``"equivalent"`` or
+    None: exploratory), ``margin`` and ``failed`` (the gates its data failed). Added to each row: ``p_holm``
+    (Holm's adjusted p within the family: directional readings with no failed gate), ``holm_level`` (the level
+    Holm's step-down tests it at, ``alpha / (m - i)`` for the ``i``-th smallest of ``m`` finite p-values),
+    ``detectable`` (the smallest mean contrast the t test over its units detects with probability ``power`` at that
+    level, :func:`qkplast.stats.power.detectable_effect` times ``sd``) and ``verdict`` (:func:`verdict`; an
+    equivalence reading by its interval against its margin; :func:`not_testable` for a reading with failed gates;
+    empty for an exploratory one). Returns the rows.
+    """
+    from qkplast.stats.power import detectable_effect
+
+    family = [i for i, r in enumerate(rows) if r["claim"] in ("greater", "less") and not r["failed"]]
+    adjusted = holm([rows[i]["p"] for i in family])
+    finite = [i for i in family if np.isfinite(rows[i]["p"])]
+    rank = {i: k for k, i in enumerate(sorted(finite, key=lambda i: rows[i]["p"]))}  # stable: ties keep their order
+    for i, row in enumerate(rows):
+        row["p_holm"] = float(adjusted[family.index(i)]) if i in family else np.nan
+        row["holm_level"] = alpha / (len(finite) - rank[i]) if i in rank else np.nan
+        row["detectable"] = (detectable_effect(row["seeds"], row["holm_level"], power) * row["sd"]
+                             if i in rank and row["seeds"] >= 2 else np.nan)
+        claim, margin = row["claim"], row["margin"]
+        if row["failed"]:
+            row["verdict"] = not_testable(row["failed"])
+        else:
+            row["verdict"] = "" if claim is None else verdict(
+                row["estimate"], row["lo"], row["hi"], None if claim == "equivalent" else row["p_holm"], claim=claim,
+                margin=margin, alpha=alpha)
+    return rows
 
 
 def rejects(p: float, alpha: float = 0.05) -> bool:

@@ -38,7 +38,7 @@ from qkplast.errors import QkplastError
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.train.config import TrainConfig
 from qkplast.train.data import copy_windows, load_data
-from qkplast.train.gates import copy_score, in_context_gain, not_testable, position_mean, sink_ratio
+from qkplast.train.gates import copy_score, in_context_gain, position_mean, sink_ratio
 from qkplast.train.hub import branches, hub_cache, repo_id, snapshot
 from qkplast.train.model import quiet_loading
 
@@ -464,9 +464,9 @@ def seed_readings(table: pd.DataFrame, readings: dict, level: float = 0.95, gate
     Each reading is ``{"metric", "from": (arm, place, window_kind), "to": (...), "claim", "margin"}``: the
     contrast is ``metric`` at ``to`` minus at ``from``, one value per seed; a place is a share of the arm's stage
     (``0.1``) or an event of ``events`` (``"early"``), see :func:`locate`. Student's t interval over the seeds
-    (:func:`qkplast.stats.intervals.t_interval`) and its p-value, Holm's correction across the directional
-    readings (:func:`qkplast.stats.decision.holm`), and the verdict word (:func:`qkplast.stats.decision.verdict`;
-    an equivalence reading is decided by its interval against its margin). A reading with ``"claim": None`` is
+    (:func:`qkplast.stats.intervals.t_interval`) and its p-value, then the family's decision
+    (:func:`qkplast.stats.decision.decide_family`: Holm's correction across the directional readings and the
+    verdict word; an equivalence reading is decided by its interval against its margin). A reading with ``"claim": None`` is
     exploratory: its interval is shown, no verdict is given and it does not enter the correction.
 
     With ``gates`` (:func:`qkplast.train.gates.seed_gates`), a reading whose 'from' or 'to' checkpoint failed a
@@ -479,9 +479,8 @@ def seed_readings(table: pd.DataFrame, readings: dict, level: float = 0.95, gate
     (:func:`qkplast.stats.power.detectable_effect` times the seeds' standard deviation of the contrast), in the
     metric's units; NaN for the others.
     """
-    from qkplast.stats.decision import holm, verdict
+    from qkplast.stats.decision import decide_family
     from qkplast.stats.intervals import t_interval
-    from qkplast.stats.power import detectable_effect
 
     rows = []
     for name, r in readings.items():
@@ -495,23 +494,7 @@ def seed_readings(table: pd.DataFrame, readings: dict, level: float = 0.95, gate
                      "estimate": float(t["estimate"]), "lo": float(t["lo"]), "hi": float(t["hi"]),
                      "p": float(t["p"]), "seeds": int(t["n"]), "sd": float(t["se"] * np.sqrt(t["n"])),
                      "failed": failed})
-    family = [i for i, r in enumerate(rows) if r["claim"] in ("greater", "less") and not r["failed"]]
-    adjusted = holm([rows[i]["p"] for i in family])
-    finite = [i for i in family if np.isfinite(rows[i]["p"])]
-    rank = {i: k for k, i in enumerate(sorted(finite, key=lambda i: rows[i]["p"]))}  # stable: ties keep their order
-    for i, row in enumerate(rows):
-        row["p_holm"] = float(adjusted[family.index(i)]) if i in family else np.nan
-        row["holm_level"] = alpha / (len(finite) - rank[i]) if i in rank else np.nan
-        row["detectable"] = (detectable_effect(row["seeds"], row["holm_level"], power) * row["sd"]
-                             if i in rank and row["seeds"] >= 2 else np.nan)
-        claim, margin = row["claim"], row["margin"]
-        if row["failed"]:
-            row["verdict"] = not_testable(row["failed"])
-        else:
-            row["verdict"] = "" if claim is None else verdict(
-                row["estimate"], row["lo"], row["hi"], None if claim == "equivalent" else row["p_holm"], claim=claim,
-                margin=margin, alpha=alpha)
-    out = pd.DataFrame(rows).set_index("reading")
+    out = pd.DataFrame(decide_family(rows, alpha, power)).set_index("reading")
     return out[READING_COLUMNS]
 
 

@@ -46,6 +46,7 @@ GATES = ("heldout", "in_context", "copy", "sink", "reach", "control_worse")
 #: The verdict word of a reading on a checkpoint that failed a gate (distinct from "left open"); its home is the
 #: verdict rule's module.
 NOT_TESTABLE = decision.NOT_TESTABLE
+not_testable = decision.not_testable  # the verdict word of a reading on checkpoints that failed gates
 
 
 class GateConfigError(QkplastError):
@@ -341,11 +342,6 @@ def seed_gates(table_or_rows, bigram: float, vocab_size: int, window: int,
     out["passed"] = [not f for f in failed]
     out["failed"] = [", ".join(f) for f in failed]
     return out.reset_index().sort_values(keys, kind="stable").reset_index(drop=True)
-
-
-def not_testable(failed) -> str:
-    """The verdict of a reading on checkpoints that failed ``failed`` (gate names): ``not testable (gate: a, b)``."""
-    return f"{NOT_TESTABLE} (gate: {', '.join(failed)})"
 
 
 def decidable(gate_rows: pd.DataFrame, seeds=None) -> pd.DataFrame:

@@ -7,7 +7,8 @@ import pytest
 import torch
 import xarray as xr
 
-from qkplast.analysis.listwise import (draw_sets, listwise, model_draws, pairwise_predicts_listwise, tied_ranks,
+from qkplast.stats.permutation_tests import pairwise_predicts_listwise
+from qkplast.analysis.listwise import (draw_sets, listwise, model_draws, tied_ranks,
                                        winner_plasticity)
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.pairs import pair_plan

@@ -85,7 +85,7 @@ def test_a_code_capture_that_fails_is_recorded_and_the_run_goes_on(tmp_path, mon
     # the run's own preflight reads the model's config (not this test's subject); the code corpus's is checked
     monkeypatch.setattr(stages, "check_windows", lambda options: None if options.corpus == capture.corpus
                         else open_corpus_for(options))
-    monkeypatch.setattr(models, "load_for", lambda options: "model")
+    monkeypatch.setattr(models, "load_for", lambda options, plan=None: "model")
     monkeypatch.setattr(models, "release_model", lambda loaded: None)
     monkeypatch.setattr(driver, "run_capture", fake_capture)
     result = stages.run(capture, tmp_path / "run", stage="analyze", progress=False)
@@ -105,7 +105,7 @@ def test_run_refuses_a_capture_the_plan_says_does_not_fit_before_any_weights(con
                                                                             capsys):
     import qkplast.capture.models as models
 
-    monkeypatch.setattr(models, "load_for", lambda options: pytest.fail("weights loaded"))
+    monkeypatch.setattr(models, "load_for", lambda options, plan=None: pytest.fail("weights loaded"))
     argv = ["run", "--model", str(config_dir), "--corpus", "pydoc-topics", "--short-docs", "concat", "--docs", "2",
             "--seq-len", "256", "--bucket-size", "16", "--samples-per-bucket", "2", "--device-memory-gb", "0.00001",
             "--out", str(tmp_path / "run"), "--no-progress", "--stage", "capture"]

@@ -10,6 +10,7 @@ import pytest
 import xarray as xr
 
 import qkplast.analysis.listwise as listwise_module
+import qkplast.stats.permutation_tests as permutation_tests
 from qkplast.analysis.metrics import analyze
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.options import AnalysisOptions
@@ -88,7 +89,7 @@ def test_the_correlations_interval_stays_inside_minus_one_one(independent, monke
     rhos = iter([0.95, 0.99, 0.3, 0.98, 0.97, 0.2, 0.99, 0.4, 0.97, 0.96, 0.35, 0.98, 0.97, 0.25, 0.3, 0.96])
     monkeypatch.setattr(listwise_module, "listwise", lambda capture, options: None)
     monkeypatch.setattr(listwise_module, "listwise_means", lambda lw: {**means, (8, "rho"): next(rhos)})
-    monkeypatch.setattr(listwise_module, "pairwise_predicts_listwise", lambda *a, **k: {"p_perm": 0.5})
+    monkeypatch.setattr(permutation_tests, "pairwise_predicts_listwise", lambda *a, **k: {"p_perm": 0.5})
     t = op.listwise_document_intervals(cap, metrics, n_perm=19)
     with pytest.raises(StopIteration):  # every left-out value was read: 1 + 5 + 10
         next(rhos)

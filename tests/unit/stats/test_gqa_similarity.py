@@ -5,7 +5,8 @@ import pytest
 import torch
 import xarray as xr
 
-from qkplast.analysis.gqa import gqa_similarity, profile_distances, within_layer_permutations
+from qkplast.analysis.gqa import profile_distances
+from qkplast.stats.permutation_tests import gqa_similarity, within_layer_permutations
 
 
 def metrics_with_profiles(rng, grouped: bool, n_layers=6, n_q=9, n_kv=3, n_bucket=12):

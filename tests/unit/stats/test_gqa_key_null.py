@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from qkplast.analysis.gqa import cross_profiles, gqa_key_null, gqa_similarity
+from qkplast.analysis.gqa import cross_profiles
+from qkplast.stats.permutation_tests import gqa_key_null, gqa_similarity
 from qkplast.analysis.metrics import analyze
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.theory.planted import planted_capture
