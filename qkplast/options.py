@@ -148,7 +148,7 @@ class AnalysisOptions:
         False leaves them out.
 
     Model families beyond the thesis's (:func:`qkplast.analysis.vectors.analysis_vectors`)
-    ------------------------------------------------------------------------------------
+    --------------------------------------------------------------------------------------
     head_dims : {"all", "rotary", "non_rotary"}
         Which dimensions of each head are analysed. "all" (default): the whole
         vector, as the kernel scores it (``q . k`` sums over every dimension).

@@ -277,18 +277,21 @@ def thesis_lc_positions() -> pd.DataFrame:
 def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, level: float = 0.95) -> pd.DataFrame:
     """AP_drop and its four parts (:mod:`qkplast.analysis.decompose`): means over heads with the policy's interval
     over documents (:func:`qkplast.stats.bootstrap.document_interval`: jackknife-t, each document left out and the
-    capture re-analysed), and the share of heads with a positive value."""
+    capture re-analysed, on the scale of each part's range, :data:`qkplast.stats.bootstrap.RANGES`, so it never
+    leaves it: the interval the coverage table measures as ``policy (re-analysed)``), and the share of heads with a
+    positive value."""
     from qkplast.analysis.decompose import TERMS, model_level_terms
-    from qkplast.stats.bootstrap import document_interval
+    from qkplast.stats.bootstrap import document_interval, metric_bounds
 
     names = ["ap_drop", *TERMS]
     opt = options or AnalysisOptions()
     ci = document_interval(capture, lambda c, pairs=None: [model_level_terms(c, opt, pairs=pairs)[n] for n in names],
-                           level, pairs_of=opt)
+                           level, pairs_of=opt, bounds=metric_bounds(names), quantity=names)
     out = pd.DataFrame({"mean over heads": ci["point"], "bias-corrected": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
                         f"{int(100 * level)}% hi": ci["hi"],
                         "share of heads > 0": [float((metrics[n] > 0).mean()) for n in names]}, index=names)
-    out.attrs["method"] = (f"{_interval_words(ci['interval'])} over {len(ci['jackknife'])} documents "
+    kinds = dict.fromkeys(np.atleast_1d(ci["interval"]).astype(str))  # one method, or one per part (by quantity)
+    out.attrs["method"] = (f"{' / '.join(_interval_words(k) for k in kinds)} over {len(ci['jackknife'])} documents "
                            f"({len(ci['jackknife']) - 1} degrees of freedom), each left-out capture re-analysed")
     return out
 

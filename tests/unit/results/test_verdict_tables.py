@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from qkplast.stats.bootstrap import metric_bounds
+
 from qkplast.analysis.metrics import analyze
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.results import tables
@@ -55,3 +57,5 @@ def test_decomposition_table_with_an_interval_over_documents(planted):
     assert t.loc["ap_drop", "mean over heads"] == pytest.approx(t.loc[t.index[1:], "mean over heads"].sum())
     assert (t["95% lo"] <= t["bias-corrected"]).all() and (t["bias-corrected"] <= t["95% hi"]).all()
     assert "5 documents" in t.attrs["method"]
+    lo, hi = metric_bounds(list(t.index))  # each part's range: the interval is computed on its scale, never outside
+    assert np.all((t["95% lo"].values > lo) & (t["95% hi"].values < hi))
