@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qkplast.analysis.pairs import pair_plan, pair_weights, pairs_without, sample_key_pairs
-from qkplast.analysis.plasticity import PlasticityWarning, closed_form, plasticity
+from qkplast.analysis.plasticity import closed_form
 from qkplast.options import AnalysisOptions
 from qkplast.theory.planted import planted_capture
 
