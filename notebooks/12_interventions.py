@@ -250,12 +250,13 @@ check.groupby("kind", sort=False).agg(
 # %% [markdown]
 # ## Copying without intervention
 #
-# The unablated model in every cell, mean over windows (one window per document): Student's t intervals for
-# the NLL, and for the accuracy, a share in $[0, 1]$, the t interval on the logit scale mapped back, so that
-# it stays inside its range (`qkplast.stats.intervals.bounded_t_interval`).
+# The unablated model in every cell, mean over windows (one window per document): Student's t intervals on a
+# scale without bounds, mapped back, so that each stays inside its quantity's range
+# (`qkplast.stats.intervals.bounded_t_interval`): the log scale for the NLL, in $[0, \infty)$, and the logit
+# scale for the accuracy, a share in $[0, 1]$.
 
 # %%
-from qkplast.stats.intervals import UNIT_RANGE, bounded_t_interval, t_interval
+from qkplast.stats.intervals import NONNEGATIVE, UNIT_RANGE, bounded_t_interval
 
 base = grid.sel(condition=grid.kind == "none").isel(condition=0)
 rows = []
@@ -264,7 +265,7 @@ for p in grid.position.values:
         row = {"second copy at": int(p), "distance": int(d)}
         for var in ("nll", "acc"):
             x = base[var].sel(position=p, distance=d).values  # [window]
-            t = t_interval(x) if var == "nll" else bounded_t_interval(x, UNIT_RANGE, unit="windows")
+            t = bounded_t_interval(x, NONNEGATIVE if var == "nll" else UNIT_RANGE, unit="windows")
             row.update({var: float(t["estimate"]), f"{var} 95% CI": f"[{float(t['lo']):.3f}, {float(t['hi']):.3f}]"})
         rows.append(row)
 pd.DataFrame(rows).set_index(["second copy at", "distance"]).round(3)
@@ -276,7 +277,8 @@ fig = qf.plot_cells(grid, k)
 # ## Effects, cell by cell
 #
 # Each effect is the change in NLL against the unablated model in the same window and cell, with a 95%
-# Student's t interval over windows. Rows with the same position and different distances show the effect
+# Student's t interval over windows (a difference of two NLLs: its only bound, minus the unablated NLL, moves
+# with the data, so the interval stays on the original scale). Rows with the same position and different distances show the effect
 # of distance at a fixed absolute position and local context.
 
 # %%

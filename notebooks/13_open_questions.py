@@ -41,9 +41,13 @@
 #   across heads, against a permutation null (head labels shuffled);
 # * *GQA*: "the heads of a GQA group are more alike than their shared keys make them": $T$ lies below the
 #   distribution of the null that keeps every head's keys and exchanges queries within a layer (whose mean is
-#   not 0: shared keys alone make a group's profiles alike). The estimate is $T$ minus the null's mean; its
-#   interval is $T$'s interval over documents minus the null's central 95% range, so it lies below 0 only when
-#   all of $T$'s interval lies below the null's 2.5% quantile; the p-value is the rank of $T$ among the null's draws;
+#   not 0: shared keys alone make a group's profiles alike). The estimate is the contrast $T$ minus the null's
+#   mean. Both come from the same documents, so its interval is the policy's interval over documents of the
+#   contrast itself, each capture with a document left out giving its own $T$ and its own null mean (the same
+#   permutations); the null's spread enters through the p-value, the rank of $T$ among the null's draws.
+#   *Amended after an earlier execution:* that execution took $T$'s interval minus the null's central 95% range,
+#   which treats the null's mean as known when it is estimated from the same documents as $T$ (that interval is
+#   printed beside the new one below);
 # * *mechanism*: for each condition of section 3, "the intervention moves the content part of
 #   $\mathrm{AP}_{\mathrm{drop}}$": its paired difference to the baseline differs from 0, against the null of many
 #   reseeded baselines (no intervention).
@@ -344,8 +348,8 @@ others.round(4)
 #
 # The p-value is one-sided, $(1 + \#\{T_{\mathrm{null}} \le T\}) / (1 + n_{\mathrm{perm}})$; $T$ gets the policy's
 # interval over documents. The reading is decided against the keys-kept null's distribution: `contrast` is $T$
-# minus that null's mean, its interval $T$'s interval minus the null's central 95% range (`key null lo`,
-# `key null hi`).
+# minus that null's mean, its interval over documents with each left-out capture's own null mean; `key null lo`
+# and `key null hi` are the null's central 95% range, shown in the figure below.
 
 # %%
 gqa_result = None
@@ -353,6 +357,9 @@ if gqa_testable(metrics):
     gqa_result = op.gqa_reading(capture, metrics, n_perm=n_perm, seed=seed)
     gqa = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
     print(gqa_result.attrs["method"])
+    g = gqa_result.iloc[0]
+    print(f"the earlier execution's interval (T's minus the null's central 95% range): "
+          f"[{g['T lo'] - g['key null hi']:.4f}, {g['T hi'] - g['key null lo']:.4f}]")
 else:
     print("the captured heads give no same-layer pairs within a group or none across groups: capture more heads for the GQA test")
 gqa_result.round(4) if gqa_result is not None else None
@@ -364,7 +371,7 @@ fig = op.gqa_null(gqa, gqa_result.attrs["key_null"]) if gqa_result is not None e
 # ### The listwise and GQA readings, decided
 #
 # One Holm family: $\rho > 0$ for each set size (permutation p) and $T$ below the null that keeps the keys (the
-# contrast to its mean, with the null's spread in the interval; rank p among its draws).
+# contrast to its mean with its interval over documents; rank p among its draws).
 
 # %%
 family = [{"reading": f"pairwise AP ranks heads as listwise AP does (m = {m})", "claim": "greater",

@@ -249,13 +249,13 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
     ``T`` (:mod:`qkplast.analysis.gqa`) is compared with the distribution of the keys-kept null
     (:func:`qkplast.stats.permutation_tests.gqa_key_null`: queries exchanged within layers, each head keeping its keys),
     whose mean is not 0: the heads of a group share their key pairs. The contrast is ``T - mean(null)``
-    (``contrast``), its interval ``[lo_T - q_hi, hi_T - q_lo]`` (:func:`qkplast.stats.nulls.null_contrast`): the
-    policy's interval of ``T`` over documents (each left-out capture's closed-form profiles) against the null's
-    central ``level`` range ``[q_lo, q_hi]``,
-    so it lies below 0 only when all of ``T``'s interval lies below the null's lower quantile; it carries the
-    documents' uncertainty of ``T`` and the spread of the null. ``p (keys kept)`` is the one-sided rank p of
-    ``T`` among the null's draws. The label-permutation null (which counts the shared keys as coordination) is
-    reported beside it.
+    (``contrast``): how much more alike a group's heads are than their shared keys make them. Both terms are
+    computed from the same documents, so the contrast's interval is the policy's interval over documents of the
+    contrast itself: each left-out capture's closed-form cross profiles give its own ``T`` and its own null mean
+    (the same ``n_perm`` permutations, ``seed``), so the interval carries the variance of both and their
+    covariance. The null's spread enters the decision through ``p (keys kept)``, the one-sided rank p of ``T``
+    among the null's draws; ``key null lo`` / ``key null hi`` are its central ``level`` range. The
+    label-permutation null (which counts the shared keys as coordination) is reported beside it.
 
     Returns
     -------
@@ -263,36 +263,37 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
         One row (``ap (closed form)``): ``T``, ``T lo``, ``T hi``, ``within group``, ``between groups``,
         ``label null mean``, ``p (labels permuted)``, ``key null mean``, ``key null lo``, ``key null hi``,
         ``contrast``, ``contrast lo``, ``contrast hi``, ``p (keys kept)``; ``attrs["key_null"]`` holds the
-        null's draws.
+        null's draws, ``attrs["jackknife"]`` the left-out captures' ``(T, contrast)``.
     """
     from qkplast.analysis.gqa import cross_profiles
     from qkplast.stats.permutation_tests import gqa_key_null, gqa_similarity
-    from qkplast.analysis.plasticity import closed_form_ap
     from qkplast.options import AnalysisOptions
     from qkplast.stats.bootstrap import document_interval
-    from qkplast.stats.nulls import null_contrast
 
     opt = AnalysisOptions.from_kwargs(options)
     labels = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
+
+    def t_and_contrast(keys: xr.Dataset) -> np.ndarray:
+        return np.array([float(keys.statistic), float(keys.statistic) - float(keys.null_mean)])  # [T, contrast]
+
+    def statistic(cap):  # a left-out capture's T and its own keys-kept null mean, from the same permutations
+        return t_and_contrast(gqa_key_null(metrics, cross_profiles(cap, opt), n_perm=n_perm, seed=seed))
+
     keys = gqa_key_null(metrics, cross_profiles(capture, opt), n_perm=n_perm, seed=seed)
-
-    def statistic(cap):
-        ap, _ = closed_form_ap(cap, opt)
-        return float(gqa_similarity(metrics.assign(ap=(("head", "query_bucket"), ap)), "ap", n_perm=1).statistic)
-
-    t = float(labels.statistic)
-    ci = document_interval(capture, statistic, level, estimate=t)
+    est = t_and_contrast(keys)  # [2]
+    ci = document_interval(capture, statistic, level, estimate=est)
     null = np.asarray(keys.null)
-    c = null_contrast(t, ci["lo"], ci["hi"], null, level, null_mean=float(keys.null_mean))
-    out = pd.DataFrame({"T": [t], "T lo": [float(ci["lo"])], "T hi": [float(ci["hi"])],
+    q_lo, q_hi = (float(np.quantile(null, q)) for q in ((1 - level) / 2, (1 + level) / 2))
+    lo, hi = np.asarray(ci["lo"], float), np.asarray(ci["hi"], float)  # [2]
+    out = pd.DataFrame({"T": [est[0]], "T lo": [lo[0]], "T hi": [hi[0]],
                         "within group": [float(labels.within)], "between groups": [float(labels.between)],
                         "label null mean": [float(labels.null_mean)], "p (labels permuted)": [float(labels.p_value)],
-                        "key null mean": [c["null_mean"]], "key null lo": [c["null_lo"]], "key null hi": [c["null_hi"]],
-                        "contrast": [c["contrast"]], "contrast lo": [c["lo"]], "contrast hi": [c["hi"]],
+                        "key null mean": [float(keys.null_mean)], "key null lo": [q_lo], "key null hi": [q_hi],
+                        "contrast": [est[1]], "contrast lo": [lo[1]], "contrast hi": [hi[1]],
                         "p (keys kept)": [float(keys.p_value)]},
                        index=pd.Index(["ap (closed form)"], name="profile"))
-    out.attrs.update(n_perm=n_perm, level=level, key_null=null,
-                     method=(f"T: {_interval_words(ci['interval'])} over documents; contrast: T - the keys-kept null's "
-                             f"mean, interval T's minus the null's central {level:.0%} range; nulls: "
+    out.attrs.update(n_perm=n_perm, level=level, key_null=null, jackknife=np.asarray(ci["jackknife"]),
+                     method=(f"T and contrast (T - the keys-kept null's mean, each left-out capture with its own "
+                             f"null mean): {_interval_words(ci['interval'])} over documents; nulls: "
                              f"{labels.attrs['method']}; {keys.attrs['method']}"))
     return out

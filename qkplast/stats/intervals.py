@@ -5,8 +5,9 @@ With ``n`` units a percentile bootstrap of a mean covers far less than its nomin
 (4 documents have only 35 distinct resamples); Student's t with ``n - 1`` degrees of freedom on the units'
 own values is the interval whose coverage holds for a mean of near-normal unit values at any ``n >= 2``.
 
-A quantity with a range (AP aggregates, masses and shares in [0, 1]; AP_drop and correlations in [-1, 1]) gets
-its interval on a scale without bounds (:func:`to_unbounded`: the logit for [0, 1], Fisher's z for [-1, 1]),
+A quantity with a range (AP aggregates, masses and shares in [0, 1]; AP_drop and correlations in [-1, 1];
+losses and negative log-likelihoods in [0, inf)) gets its interval on a scale without bounds
+(:func:`to_unbounded`: the logit for [0, 1], Fisher's z for [-1, 1], the log for [0, inf)),
 mapped back, so its end points never leave the range (``bounds=`` of :func:`bounded_t_interval`,
 :func:`jackknife_t` and :func:`policy_interval`); where the data cannot give one (an estimate on a bound, fewer
 than two effective units) the end points are NaN and ``reason`` says why, never a clipped number.
@@ -25,18 +26,23 @@ COVERAGE_TARGET = 0.93
 UNIT_RANGE = (0.0, 1.0)
 #: the range of AP_drop and correlations (Fisher's z scale)
 SIGNED_RANGE = (-1.0, 1.0)
+#: the range of losses and negative log-likelihoods (log scale)
+NONNEGATIVE = (0.0, np.inf)
 
 
-def _range(bounds, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(lo, hi, bounded)`` broadcast to ``shape``; ``bounds=None`` or infinite ends: unbounded elements."""
+def _range(bounds, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(lo, hi, bounded, half)`` broadcast to ``shape``: ``bounded`` where both ends are finite, ``half`` where only
+    the lower one is (a half-line such as ``NONNEGATIVE``); ``bounds=None`` or two infinite ends: unbounded."""
     lo, hi = (-np.inf, np.inf) if bounds is None else bounds
     lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), shape)
     bounded = np.isfinite(lo) & np.isfinite(hi)
-    if np.any(np.isfinite(lo) != np.isfinite(hi)) or np.any(np.isnan(lo) | np.isnan(hi)) or np.any(bounded & ~(lo < hi)):
-        raise ValueError(f"bounds must be None or (lo, hi) with lo < hi, both finite or both infinite (e.g. (0, 1), "
-                         f"(-1, 1)), got {bounds!r}")
-    return lo, hi, bounded
+    half = np.isfinite(lo) & np.isposinf(hi)
+    if (np.any(np.isnan(lo) | np.isnan(hi)) or np.any(np.isfinite(hi) & ~np.isfinite(lo))
+            or np.any(bounded & ~(lo < hi))):
+        raise ValueError(f"bounds must be None, (lo, hi) with lo < hi both finite (e.g. (0, 1), (-1, 1)), or "
+                         f"(lo, inf) for a half-line (e.g. (0, inf)), got {bounds!r}")
+    return lo, hi, bounded, half
 
 
 def _shape(x: np.ndarray, bounds) -> tuple:
@@ -45,7 +51,8 @@ def _shape(x: np.ndarray, bounds) -> tuple:
 
 
 def to_unbounded(x, bounds) -> np.ndarray:
-    """A value of a bounded range on a scale without bounds: the logit for [0, 1], Fisher's z for [-1, 1].
+    """A value of a bounded range on a scale without bounds: the logit for [0, 1], Fisher's z for [-1, 1], the log
+    for a half-line [lo, inf).
 
     Parameters
     ----------
@@ -53,7 +60,8 @@ def to_unbounded(x, bounds) -> np.ndarray:
         Values; their last axes broadcast against the bounds.
     bounds : tuple or None
         ``(lo, hi)``, scalars or arrays: ``(-1, 1)`` gives ``atanh(x)``, any other finite range the logit of
-        ``(x - lo) / (hi - lo)`` (the logit for ``(0, 1)``), infinite ends or None the identity.
+        ``(x - lo) / (hi - lo)`` (the logit for ``(0, 1)``), ``(lo, inf)`` ``log(x - lo)``, two infinite ends or
+        None the identity.
 
     Returns
     -------
@@ -61,37 +69,42 @@ def to_unbounded(x, bounds) -> np.ndarray:
         float64; ``-inf``/``+inf`` on a bound, NaN outside the range.
     """
     x = np.asarray(x, dtype=np.float64)
-    lo, hi, bounded = _range(bounds, _shape(x, bounds))
+    lo, hi, bounded, half = _range(bounds, _shape(x, bounds))
     with np.errstate(invalid="ignore", divide="ignore"):
         fisher = bounded & (lo == -1.0) & (hi == 1.0)
-        return np.where(~bounded, x, np.where(fisher, np.arctanh(x), special.logit((x - lo) / (hi - lo))))
+        finite = np.where(fisher, np.arctanh(x), special.logit((x - lo) / (hi - lo)))
+        return np.where(half, np.log(x - lo), np.where(~bounded, x, finite))
 
 
 def from_unbounded(z, bounds) -> np.ndarray:
     """The inverse of :func:`to_unbounded`: ``tanh`` for ``(-1, 1)``, ``lo + (hi - lo) expit(z)`` for another finite
-    range, the identity where unbounded; always inside the range (its ends for ``z = -inf, +inf``)."""
+    range, ``lo + exp(z)`` for a half-line, the identity where unbounded; always inside the range (its ends for
+    ``z = -inf, +inf``)."""
     z = np.asarray(z, dtype=np.float64)
-    lo, hi, bounded = _range(bounds, _shape(z, bounds))
-    with np.errstate(invalid="ignore"):
+    lo, hi, bounded, half = _range(bounds, _shape(z, bounds))
+    with np.errstate(invalid="ignore", over="ignore"):
         fisher = bounded & (lo == -1.0) & (hi == 1.0)
-        return np.where(~bounded, z, np.where(fisher, np.tanh(z), lo + (hi - lo) * special.expit(z)))
+        finite = np.where(fisher, np.tanh(z), lo + (hi - lo) * special.expit(z))
+        return np.where(half, lo + np.exp(z), np.where(~bounded, z, finite))
 
 
 def unbounded_slope(x, bounds) -> np.ndarray:
     """``d to_unbounded(x) / dx``: ``1 / (1 - x^2)`` for ``(-1, 1)``, ``1 / ((hi - lo) u (1 - u))`` with
-    ``u = (x - lo) / (hi - lo)`` for another range, 1 where unbounded (the delta method's factor)."""
+    ``u = (x - lo) / (hi - lo)`` for another range, ``1 / (x - lo)`` for a half-line, 1 where unbounded (the delta
+    method's factor)."""
     x = np.asarray(x, dtype=np.float64)
-    lo, hi, bounded = _range(bounds, _shape(x, bounds))
+    lo, hi, bounded, half = _range(bounds, _shape(x, bounds))
     with np.errstate(invalid="ignore", divide="ignore"):
         u = (x - lo) / (hi - lo)
         fisher = bounded & (lo == -1.0) & (hi == 1.0)
-        return np.where(~bounded, 1.0, np.where(fisher, 1.0 / (1.0 - x * x), 1.0 / ((hi - lo) * u * (1.0 - u))))
+        finite = np.where(fisher, 1.0 / (1.0 - x * x), 1.0 / ((hi - lo) * u * (1.0 - u)))
+        return np.where(half, 1.0 / (x - lo), np.where(~bounded, 1.0, finite))
 
 
 def inside(x, bounds) -> np.ndarray:
     """Whether ``x`` lies strictly inside its range (finite everywhere when unbounded)."""
     x = np.asarray(x, dtype=np.float64)
-    lo, hi, _ = _range(bounds, _shape(x, bounds))
+    lo, hi, _, _ = _range(bounds, _shape(x, bounds))
     with np.errstate(invalid="ignore"):
         return np.isfinite(x) & (x > lo) & (x < hi)
 

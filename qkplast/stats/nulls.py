@@ -319,37 +319,6 @@ def off_axis_null(capture: xr.Dataset, n_perm: int = 1000, seed: int = 0, chunk:
     return position_shuffle_null(capture, off_axis, n_perm, seed, chunk)
 
 
-def null_contrast(estimate: float, lo: float, hi: float, null, level: float = 0.95, null_mean: float | None = None) -> dict:
-    """A statistic against the distribution of its null, not against zero: the contrast and its interval.
-
-    The contrast is ``estimate - mean(null)``; its interval ``[lo - q_hi, hi - q_lo]`` sets the statistic's own
-    interval ``[lo, hi]`` (over documents) against the null's central ``level`` range ``[q_lo, q_hi]``, so it lies
-    below 0 only when all of the statistic's interval lies below the null's lower quantile, and above 0 only when
-    all of it lies above the upper one: it carries both the statistic's uncertainty and the null's spread.
-
-    Parameters
-    ----------
-    estimate, lo, hi : float
-        The statistic and the ends of its interval.
-    null : array_like
-        The statistic's null draws.
-    level : float
-        Central probability of the null's range.
-    null_mean : float, optional
-        The null's mean where its producer reports it (the same draws' mean); ``mean(null)`` otherwise.
-
-    Returns
-    -------
-    dict
-        ``contrast``, ``lo``, ``hi`` (the contrast's interval), ``null_mean``, ``null_lo``, ``null_hi``.
-    """
-    null = np.asarray(null)
-    q_lo, q_hi = (float(np.quantile(null, q)) for q in ((1 - level) / 2, (1 + level) / 2))
-    mean = float(np.mean(null)) if null_mean is None else float(null_mean)
-    return {"contrast": float(estimate) - mean, "lo": float(lo) - q_hi, "hi": float(hi) - q_lo, "null_mean": mean,
-            "null_lo": q_lo, "null_hi": q_hi}
-
-
 # --------------------------------------------------------------------------- a targeted statistic against random sets
 
 

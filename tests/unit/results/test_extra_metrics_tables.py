@@ -11,6 +11,7 @@ import xarray as xr
 
 import qkplast.analysis.listwise as listwise_module
 import qkplast.stats.permutation_tests as permutation_tests
+from qkplast.analysis.gqa import cross_profiles
 from qkplast.analysis.metrics import analyze
 from qkplast.analysis.plasticity import PlasticityWarning
 from qkplast.options import AnalysisOptions
@@ -109,17 +110,28 @@ def test_nearest_mass_intervals_are_numeric_and_inside_zero_one(independent):
 def test_gqa_reading_is_decided_against_the_keys_kept_null(coordinated, independent):
     rows = {}
     for name, (cap, metrics) in (("coordinated", coordinated), ("independent", independent)):
+        opt = AnalysisOptions(n_pairs=64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PlasticityWarning)
-            g = op.gqa_reading(cap, metrics, AnalysisOptions(n_pairs=64), n_perm=199)
+            g = op.gqa_reading(cap, metrics, opt, n_perm=199)
         r = g.iloc[0]
         null = g.attrs["key_null"]
         assert r["contrast"] == pytest.approx(r["T"] - null.mean())  # against the null's mean, not 0
-        assert r["contrast lo"] == pytest.approx(r["T lo"] - np.quantile(null, 0.975))  # with the null's spread
-        assert r["contrast hi"] == pytest.approx(r["T hi"] - np.quantile(null, 0.025))
+        assert (r["key null lo"], r["key null hi"]) == pytest.approx(tuple(np.quantile(null, [0.025, 0.975])))
         assert r["p (keys kept)"] == pytest.approx((1 + np.sum(null <= r["T"])) / 200)
-        # T over documents, and the label-permutation null beside the keys-kept one
-        assert r["T lo"] <= r["T"] <= r["T hi"] and 0 < r["p (labels permuted)"] <= 1
+        # the contrast's interval is over documents of the contrast itself: each left-out capture with its own null
+        # mean (by hand for the first document), not T's interval shifted by the whole capture's null mean
+        jack = g.attrs["jackknife"]  # [document, (T, contrast)]
+        doc0 = np.unique(cap.doc.values)[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlasticityWarning)
+            sub = cap.isel(sample=np.flatnonzero(cap.doc.values != doc0))
+            keys0 = permutation_tests.gqa_key_null(metrics, cross_profiles(sub, opt), n_perm=199, seed=0)
+        assert jack[0] == pytest.approx([float(keys0.statistic), float(keys0.statistic - keys0.null_mean)])
+        null_means = jack[:, 0] - jack[:, 1]
+        assert np.ptp(null_means) > 0, "the null's mean varies over documents: the interval must carry it"
+        assert r["contrast lo"] < r["contrast hi"] and r["T lo"] <= r["T"] <= r["T hi"]
+        assert 0 < r["p (labels permuted)"] <= 1
         assert r["within group"] - r["between groups"] == pytest.approx(r["T"])
         rows[name] = verdict(r["contrast"], r["contrast lo"], r["contrast hi"], r["p (keys kept)"], claim="less")
     # shared queries make a group alike beyond its keys; shared keys alone do not pass
