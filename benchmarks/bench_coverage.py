@@ -30,8 +30,8 @@ policy before it respected ranges, for comparison. Extra quantities a caller wan
 :func:`qkplast.stats.bootstrap.document_interval`; its truth from the large capture).
 
 The table goes to ``data/coverage.csv`` (one row per world, document count, quantity and method: coverage,
-its binomial standard error, the share of misses below and above, mean width; ``run``: ``this``, or ``earlier`` for
-rows kept by ``--merge``), each world's truth to
+its binomial standard error, the share of misses below and above, mean width; ``run``: the run's ``--label``; rows kept
+by ``--merge`` keep theirs), each world's truth to
 ``data/coverage_truth.csv`` (computed once, reused by later runs with the same ``--truth-docs``). Not part of the book build:
 
     python benchmarks/bench_coverage.py [--replicates 10] [--first-replicate 0] [--docs 4 8 16] [--workers 2]
@@ -204,17 +204,18 @@ def unbounded_name(method: str) -> str:
 
 
 def merge_earlier(table: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with the rows of ``earlier`` in cells ``table`` lacks, marked run='earlier'.
+    """``table`` with the rows of ``earlier`` in cells ``table`` lacks, each keeping its own ``run`` label.
 
     A stored table older than the ranges (no ``run`` column) measured the jackknife intervals on the original
-    scale: its rows of those methods are renamed :func:`unbounded_name`; the replicates' methods keep their names.
+    scale: its rows of those methods are renamed :func:`unbounded_name` (the replicates' methods keep their names)
+    and labelled ``run='original scale'``.
     """
     key = ["world", "docs", "quantity", "method"]
     old = earlier.copy()
     if "run" not in old:
         jack = ~old.method.isin(REPLICATE_METHODS)
         old.loc[jack, "method"] = old.loc[jack, "method"].map(unbounded_name)
-    old = old.assign(run="earlier")
+        old = old.assign(run="original scale")
     old = old.merge(table[key], on=key, how="left", indicator=True)
     old = old[old._merge == "left_only"].drop(columns="_merge")
     return pd.concat([table, old[table.columns.intersection(old.columns)]], ignore_index=True)
@@ -229,8 +230,9 @@ def main():
     ap.add_argument("--n-boot", type=int, default=1000,
                     help=f"bootstrap replicates; below {MIN_REPLICATES} only the jackknife intervals are measured")
     ap.add_argument("--merge", default=None,
-                    help="a stored table whose rows this run did not measure are kept, marked run='earlier' (a table "
-                         "older than the ranges: its jackknife methods renamed '... (unbounded)')")
+                    help="a stored table whose rows this run did not measure are kept with their own run labels (a "
+                         "table older than the ranges: its jackknife methods renamed '... (unbounded)')")
+    ap.add_argument("--label", default="this", help="this run's rows' label in column run (what and where it measured)")
     ap.add_argument("--truth-docs", type=int, default=1024)
     ap.add_argument("--truth-seeds", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
@@ -248,7 +250,7 @@ def main():
         raw = pd.concat([pd.read_csv(f) for f in args.from_raw], ignore_index=True)
         true = pd.read_csv(Path(args.out).with_name("coverage_truth.csv"))
         true = true[true.truth_docs == args.truth_docs].drop(columns=["truth_docs", "truth_seeds"])
-        table = coverage_table(raw, true).assign(run="this")
+        table = coverage_table(raw, true).assign(run=args.label)
         if args.merge:
             table = merge_earlier(table, pd.read_csv(args.merge))
         table.to_csv(args.out, index=False, float_format="%.6g")
@@ -291,7 +293,7 @@ def main():
     raw = pd.DataFrame(rows)
     if args.raw:
         raw.to_csv(args.raw, index=False, float_format="%.8g")
-    table = coverage_table(raw, true).assign(run="this")
+    table = coverage_table(raw, true).assign(run=args.label)
     if args.merge:
         table = merge_earlier(table, pd.read_csv(args.merge))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
