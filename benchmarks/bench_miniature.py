@@ -171,7 +171,8 @@ def ship_seed(out: Path, seed: int, path: Path) -> None:
             model = LlamaForCausalLM.from_pretrained(snapshot(hub_cache(out), repo_id(seed), branch), dtype=torch.float16)
             model.save_pretrained(staging / branch)
             tokenizer.save_pretrained(staging / branch)
-    with tarfile.open(path, "w:xz", preset=9) as tar:
+    # preset 1: float16 weights gain about 10% at any preset (random fp16, 34.3 MiB: 30.8 at 6 and 9 in 32 s, 31.2 at 1 in 23 s)
+    with tarfile.open(path, "w:xz", preset=1) as tar:
         for item in sorted(staging.rglob("*")):
             info = tar.gettarinfo(str(item), arcname=str(item.relative_to(staging)))
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
