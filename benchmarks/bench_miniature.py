@@ -13,7 +13,8 @@ One command does what the issue asks of a lent GPU, in order, each step printed 
 5. the export (``--export DIR``): what chapter 10 reads from ``data/miniature-full/``: ``provenance.json``
    (device, commit, config, wall times, pilots, the held-out baselines), ``training.json``, ``checkpoints.json``,
    ``gates.csv``, and
-   ``seed0-checkpoints.tar.xz``, seed 0's checkpoints in float16 for a reader to recapture on a CPU.
+   ``seed0-checkpoints.tar.xz``, seed 0's decisive and "early" checkpoints in float16 for a reader to recapture
+   on a CPU (``--repack DIR``: the same subset from an archive of every checkpoint).
 
 Run on a lent GPU (the device tool; wheels prepared here with ``benchmarks/bench_gpu.py --prepare-wheels .whl``)::
 
@@ -50,14 +51,20 @@ def say(message: str) -> None:
     print(f"[{time.perf_counter() - START:6.0f}s] {message}", flush=True)
 
 
-def load_pilots(path: Path, base):
-    """``[(name, TrainConfig)]`` of the pilots file: each entry's settings over the full study's config."""
+def load_pilots(path: Path, base, names=None):
+    """``[(name, TrainConfig, seeds)]`` of the pilots file: each entry's settings over the full study's config, and
+    the seeds it trains (its ``seeds``, else seed 0); ``names``: only those pilots, in the file's order."""
     import yaml
 
     from qkplast.train.config import TrainConfig
 
     data = yaml.safe_load(Path(path).read_text())
-    return [(p["name"], TrainConfig.from_kwargs(base, **(p.get("train") or {}))) for p in data["pilots"]]
+    known = [p["name"] for p in data["pilots"]]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        raise SystemExit(f"bench_miniature: no pilot named {', '.join(unknown)} in {path}; its pilots: {', '.join(known)}")
+    return [(p["name"], TrainConfig.from_kwargs(base, **(p.get("train") or {})), list(p.get("seeds", [0])))
+            for p in data["pilots"] if not names or p["name"] in names]
 
 
 def shared_data(config, data_dir: Path, out: Path) -> None:
@@ -69,32 +76,33 @@ def shared_data(config, data_dir: Path, out: Path) -> None:
 
 
 def run_pilots(pilots, data_dir: Path, root: Path, device: str, measure) -> list[dict]:
-    """Stage A of seed 0 for every pilot, side by side in processes; then each final checkpoint measured and gated."""
+    """Stage A of every pilot's seeds, side by side in processes; then each final checkpoint measured and gated:
+    one result per (pilot, seed)."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
 
-    dirs = []
-    for name, config in pilots:
+    jobs = []
+    for name, config, seeds in pilots:
         d = root / f"pilot-{name}"
         shared_data(config, data_dir, d)
         (d / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
-        dirs.append(d)
+        jobs += [(name, config, d, seed) for seed in seeds]
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(len(pilots), mp_context=context) as pool:
-        records = list(pool.map(_pilot_stage_a, [c for _, c in pilots], dirs))
+    with ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
+        records = list(pool.map(_pilot_stage_a, *zip(*[(c, d, seed) for _, c, d, seed in jobs])))
     results = []
-    for (name, config), d, record in zip(pilots, dirs, records):
-        row = measure(config, d, record)
-        results.append({"name": name, "settings": config.to_dict(), "record": _summary(record), **row})
-        say(f"pilot {name}: {row['tokens_per_s']:.0f} tok/s, gates " +
+    for (name, config, d, seed), record in zip(jobs, records):
+        row = measure(config, d, record, seed)
+        results.append({"name": name, "seed": seed, "settings": config.to_dict(), "record": _summary(record), **row})
+        say(f"pilot {name} seed {seed}: {row['tokens_per_s']:.0f} tok/s, gates " +
             ", ".join(f"{g['gate']} {g['value']:.3f} ({'pass' if g['passed'] else 'FAIL'})" for g in row["gates"]))
     return results
 
 
-def _pilot_stage_a(config, out: Path) -> dict:
+def _pilot_stage_a(config, out: Path, seed: int) -> dict:
     from qkplast.train.loop import train_arm
 
-    return train_arm(config, out, 0, "stageA")
+    return train_arm(config, out, seed, "stageA")
 
 
 def _summary(record: dict) -> dict:
@@ -111,15 +119,15 @@ def baseline(out: Path, config) -> dict:
     return heldout_bigram_baseline(data.stream, data.heldout_stream.reshape(-1, config.window), config.vocab_size)
 
 
-def pilot_gates(config, out: Path, record: dict, settings, gate_config) -> dict:
-    """The stage-A gates of a pilot's final checkpoint (measured at L) and the pilot's tokens/s."""
+def pilot_gates(config, out: Path, record: dict, settings, gate_config, seed: int = 0) -> dict:
+    """The stage-A gates of a pilot seed's final checkpoint (measured at L) and the pilot's tokens/s."""
     from qkplast.train.evaluate import measure_checkpoint
     from qkplast.train.gates import LEARNING_GATES, seed_gates
     from qkplast.train.hub import branch_name
 
     branch = branch_name("stageA", config.steps)
-    row = measure_checkpoint(out, 0, branch, config.window, settings, stage_window=config.window)
-    row.update(seed=0, arm="stageA", step=config.steps, window=config.window)
+    row = measure_checkpoint(out, seed, branch, config.window, settings, stage_window=config.window)
+    row.update(seed=seed, arm="stageA", step=config.steps, window=config.window)
     gated = seed_gates([row], baseline(out, config)["bigram"], config.vocab_size, config.window, gate_config).iloc[0]
     return {"tokens_per_s": float(record.get("tokens_per_s", float("nan"))), "loss": row["loss"],
             "gates": [{"gate": g, "value": float(gated[g]), "threshold": float(gated[f"{g}_threshold"]),
@@ -137,26 +145,50 @@ def gate_table(table, config, out: Path, gate_config):
 
 
 def choose(pilots, results):
-    """The first pilot (file order) whose seed passed every stage-A gate; else the first pilot (the run is then
-    read as "not testable" by the chapter, with the pilots' evidence)."""
-    for (name, config), r in zip(pilots, results):
-        if all(g["passed"] for g in r["gates"]):
+    """The first pilot (file order) all of whose seeds passed every stage-A gate; else the first pilot (the run is
+    then read as "not testable" by the chapter, with the pilots' evidence)."""
+    for name, config, _ in pilots:
+        mine = [r for r in results if r["name"] == name]
+        if mine and all(g["passed"] for r in mine for g in r["gates"]):
             return name, config, True
     return pilots[0][0], pilots[0][1], False
 
 
 def export(out: Path, target: Path, config, training: dict, table, gates, provenance: dict) -> None:
     """The files chapter 10 reads (``data/miniature-full/``) into ``target``: those of
-    :func:`qkplast.train.evaluate.save_full_run`, every gate per seed (``gates.csv``) and seed 0's checkpoints."""
+    :func:`qkplast.train.evaluate.save_full_run`, every gate per seed (``gates.csv``) and seed 0's checkpoints
+    that the chapter recaptures (:func:`shipped_branches`)."""
     from qkplast.train.evaluate import save_full_run
 
-    save_full_run(target, training, table, baseline(out, config), provenance)
+    base = baseline(out, config)
+    save_full_run(target, training, table, base, provenance)
     gates.to_csv(target / "gates.csv", index=False)
-    ship_seed(out, 0, target / "seed0-checkpoints.tar.xz")
+    ship_seed(out, 0, target / SHIPPED, shipped_branches(config, table, base["unigram"], 0))
 
 
-def ship_seed(out: Path, seed: int, path: Path) -> None:
-    """Every checkpoint of ``seed`` in float16 (safetensors, config and tokenizer), one folder per branch, as .tar.xz."""
+#: The archive of the shipped seed's checkpoints (float16), beside the full run's tables.
+SHIPPED = "seed0-checkpoints.tar.xz"
+
+
+def shipped_branches(config, table, unigram: float, seed: int) -> list[str]:
+    """The branches of ``seed`` a reader recaptures: its "early" checkpoint (the event of the registration), the
+    checkpoints the gates are read at (:func:`qkplast.train.evaluate.decisive_steps`: the branch, stage A's end,
+    each arm's end). All 25 of a seed would be 40 MiB (float16 weights compress by about 10%), more than the
+    repository should carry for a check a reader runs on a few."""
+    from qkplast.train.evaluate import decisive_steps
+    from qkplast.train.gates import early_checkpoint
+    from qkplast.train.hub import branch_name
+
+    wanted = {(arm, step) for arm, steps in decisive_steps(config).items() for step in steps}
+    early = early_checkpoint(table, unigram).get(seed)
+    if early is not None and early == early:  # NaN: the seed never left the plateau
+        wanted.add(("stageA", int(early)))
+    return sorted(branch_name(arm, step) for arm, step in wanted)
+
+
+def ship_seed(out: Path, seed: int, path: Path, names=None) -> None:
+    """Checkpoints ``names`` of ``seed`` (None: every one) in float16 (safetensors, config and tokenizer), one
+    folder per branch, packed by :func:`pack_folders`."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -165,15 +197,22 @@ def ship_seed(out: Path, seed: int, path: Path) -> None:
 
     staging = out / f"ship-seed{seed}"
     shutil.rmtree(staging, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer", local_files_only=True)
+    names = sorted(names or branches(hub_cache(out), repo_id(seed)))
     with quiet_loading():
-        for branch in sorted(branches(hub_cache(out), repo_id(seed))):
-            model = LlamaForCausalLM.from_pretrained(snapshot(hub_cache(out), repo_id(seed), branch), dtype=torch.float16)
-            model.save_pretrained(staging / branch)
-            tokenizer.save_pretrained(staging / branch)
+        for branch in names:
+            folder = snapshot(hub_cache(out), repo_id(seed), branch)
+            LlamaForCausalLM.from_pretrained(folder, dtype=torch.float16).save_pretrained(staging / branch)
+            # the checkpoint's own tokenizer: a bos training's puts <|endoftext|> in front of a text
+            AutoTokenizer.from_pretrained(folder, local_files_only=True).save_pretrained(staging / branch)
+    pack_folders(staging, path, names)
+    say(f"shipped seed {seed}'s {len(names)} checkpoints in float16: {path.stat().st_size / 2**20:.1f} MiB")
+
+
+def pack_folders(staging: Path, path: Path, names) -> None:
+    """The folders ``names`` of ``staging`` as one .tar.xz, byte-stable (sorted, times and owners zeroed)."""
     # preset 1: float16 weights gain about 10% at any preset (random fp16, 34.3 MiB: 30.8 at 6 and 9 in 32 s, 31.2 at 1 in 23 s)
     with tarfile.open(path, "w:xz", preset=1) as tar:
-        for item in sorted(staging.rglob("*")):
+        for item in sorted(p for name in names for p in [staging / name, *(staging / name).rglob("*")]):
             info = tar.gettarinfo(str(item), arcname=str(item.relative_to(staging)))
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
             if item.is_file():
@@ -181,7 +220,25 @@ def ship_seed(out: Path, seed: int, path: Path) -> None:
                     tar.addfile(info, f)
             else:
                 tar.addfile(info)
-    say(f"shipped seed {seed}'s {len(list(staging.iterdir()))} checkpoints in float16: {path.stat().st_size / 2**20:.1f} MiB")
+
+
+def repack(archive: Path, target: Path) -> None:
+    """``target/seed0-checkpoints.tar.xz`` from ``archive``, an archive of every checkpoint of seed 0 (as an
+    earlier export wrote it): the subset :func:`shipped_branches` names for the full run in ``target``."""
+    import tempfile
+
+    from qkplast.train.evaluate import load_full_run
+
+    full = load_full_run(target)
+    names = shipped_branches(full["config"], full["table"], full["baseline"]["unigram"], 0)
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        missing = [n for n in names if not (Path(tmp) / n).is_dir()]
+        if missing:
+            raise SystemExit(f"{archive} lacks checkpoints {missing}; pass the archive of every checkpoint of seed 0")
+        pack_folders(Path(tmp), target / SHIPPED, names)
+    say(f"repacked {len(names)} checkpoints ({', '.join(names)}): {(target / SHIPPED).stat().st_size / 2**20:.1f} MiB")
 
 
 def device_facts(device: str) -> dict:
@@ -218,18 +275,31 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", type=Path, default=FULL, help="the full setting's study file")
     parser.add_argument("--pilots", type=Path, default=PILOTS, help="the pilots file (settings over the full study's)")
-    parser.add_argument("--out", type=Path, required=True, help="working directory (trainings, data, measurements)")
+    parser.add_argument("--out", type=Path, default=None, help="working directory (trainings, data, measurements)")
     parser.add_argument("--export", type=Path, default=None, help="write chapter 10's data files here")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--measure-workers", type=int, default=None, help="processes measuring checkpoints")
     parser.add_argument("--selftest-cpu", action="store_true", help="tiny settings on the CPU (rehearsal)")
     parser.add_argument("--skip-pilots", action="store_true", help="train the full study file's setting as it is")
+    parser.add_argument("--pilot-names", nargs="+", default=None, metavar="NAME", help="only these pilots of --pilots")
+    parser.add_argument("--pilots-only", action="store_true",
+                        help="stop after the pilots (their gates written to --export DIR/pilots.json)")
+    parser.add_argument("--repack", type=Path, default=None, metavar="ARCHIVE",
+                        help="only write --export's shipped checkpoints from ARCHIVE (every checkpoint of seed 0)")
     args = parser.parse_args(argv)
+    if args.repack is not None:
+        if args.export is None:
+            parser.error("--repack needs --export DIR, the exported full run whose checkpoints it ships")
+        repack(args.repack, args.export)
+        return 0
     return run(args)
 
 
 def run(args) -> int:
     import torch
+
+    if args.out is None:
+        raise SystemExit("bench_miniature: --out DIR is required (the working directory of the trainings)")
 
     from qkplast.train.config import load_train_study
     from qkplast.train.data import prepare_data
@@ -256,15 +326,26 @@ def run(args) -> int:
     data_dir = out / "shared"
     say(f"1/5 data: corpus {base.corpus}, vocabulary {base.vocab_size}")
     prepare_data(base, data_dir)
-    pilots = [] if args.skip_pilots else [(n, replace(c, **overrides)) for n, c in load_pilots(args.pilots, base)]
+    pilots = [] if args.skip_pilots else [(n, replace(c, **overrides), seeds)
+                                          for n, c, seeds in load_pilots(args.pilots, base, args.pilot_names)]
     results, chosen, passed = [], "full study file", None
     config = base
     if pilots:
-        say(f"2/5 pilots: {', '.join(n for n, _ in pilots)} (seed 0, stage A, side by side)")
-        measure = lambda c, d, record: pilot_gates(c, d, record, settings, gate_config)  # noqa: E731
+        say(f"2/5 pilots: {', '.join(f'{n} (seeds {s})' for n, _, s in pilots)}, stage A, side by side")
+        measure = lambda c, d, record, seed: pilot_gates(c, d, record, settings, gate_config, seed)  # noqa: E731
         results = run_pilots(pilots, data_dir, out, device, measure)
         chosen, config, passed = choose(pilots, results)
         say(f"   chosen: {chosen} ({'passed every stage-A gate' if passed else 'no pilot passed every gate: the first'})")
+        if args.pilots_only:
+            pilots_record = {**facts, "pilots": results, "chosen_pilot": chosen, "chosen_passed": passed,
+                             "measure_settings": settings.__dict__, "gate_config": gate_config.__dict__,
+                             "baseline": baseline(out / f"pilot-{pilots[0][0]}", pilots[0][1]),
+                             "total_s": round(time.perf_counter() - START, 1), "selftest_cpu": bool(args.selftest_cpu)}
+            target = args.export or out
+            target.mkdir(parents=True, exist_ok=True)
+            (target / "pilots.json").write_text(json.dumps(pilots_record, indent=1, default=str))
+            say(f"pilots only: {target / 'pilots.json'}; done in {time.perf_counter() - START:.0f} s")
+            return 0
     full_dir = out / "full"
     shared_data(config, data_dir, full_dir)
     say(f"3/5 full run: {config.seeds} seeds x (stage A + {len(config.arms)} arms) on {device}, {config.workers} at once")

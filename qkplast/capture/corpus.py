@@ -83,6 +83,7 @@ __all__ = [
     "snapshot_dir",
     "read_manifest",
     "write_snapshot",
+    "prefix_tokens",
 ]
 
 NAMED_CORPORA = ("python-docs", "pydoc-topics", "stdlib-code")
@@ -602,7 +603,7 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _prefix_tokens(tokenizer) -> list[int]:
+def prefix_tokens(tokenizer) -> list[int]:
     """The special tokens the tokenizer puts in front of a text (e.g. BOS), so windows start as the model expects."""
     probe = "qkplast"
     with_special = tokenizer(probe)["input_ids"]
@@ -658,7 +659,7 @@ def iter_windows(
     if seq_len <= 0:
         raise CorpusError(f"seq_len must be positive, got {seq_len}")
     stats = WindowStats() if stats is None else stats
-    prefix = _prefix_tokens(tokenizer)
+    prefix = prefix_tokens(tokenizer)
     room = seq_len - len(prefix)
     if room <= 0:
         raise CorpusError(f"seq_len {seq_len} leaves no room after the tokenizer's {len(prefix)} prefix tokens")

@@ -81,6 +81,12 @@ class TrainConfig:
         extension; :func:`qkplast.train.data.copy_windows`).
     copy_len : int
         Tokens of a copied span (16).
+    bos : bool
+        Every window, in training and in every measurement, starts with ``<|endoftext|>`` in place of its first
+        token, as the documents of a hub model start with its BOS token (False: a window starts wherever the
+        packed stream is cut). The checkpoints' tokenizer then puts the token in front of a text, so a capture
+        of them starts its windows with it too. Added after the full run of ``bos: false`` formed no attention
+        sink in any seed (``studies/miniature-pilots.yaml``).
 
     Stage A (pre-training)
     ----------------------
@@ -184,6 +190,7 @@ class TrainConfig:
     heldout_every: int = 20
     copy_share: float = 0.0
     copy_len: int = 16
+    bos: bool = False
     window: int = 256
     rope_theta: float = 1000.0
     steps: int = 240

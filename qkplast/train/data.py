@@ -37,7 +37,7 @@ from qkplast.train.config import TrainConfig, corpus_parts
 from qkplast.train.tokenizer import EOT, train_tokenizer
 
 __all__ = ["COPY_EVAL_STREAM", "TokenData", "batch_windows", "copy_batch", "copy_windows", "heldout_copy_windows",
-           "load_data", "mixed_documents", "ngram_baselines", "prepare_data", "split_documents"]
+           "load_data", "mixed_documents", "ngram_baselines", "prepare_data", "split_documents", "with_bos"]
 
 #: Random streams of a seed (the second entry of every ``numpy`` seed sequence here): the batches of stage A (0)
 #: and of the extension (1), the copied spans of stage A (2) and of the extension (3), and the copied spans of
@@ -252,3 +252,13 @@ def ngram_baselines(data: TokenData, vocab_size: int, ks=(0.01, 0.03, 0.1, 0.3, 
     return {"unigram": float(-np.mean(np.log(p_uni[h[:, 1:].ravel()]))), "bigram": bigram,
             "unigram_plugin": float(-(p[p > 0] * np.log(p[p > 0])).sum()),
             "bigram_plugin": h_joint + float((prev * np.log(prev)).sum())}
+
+
+def with_bos(windows: np.ndarray, bos: bool, eot: int) -> np.ndarray:
+    """``windows`` ``[n, W]`` with ``<|endoftext|>`` in place of each first token when ``bos`` (a copy; else as
+    they are): every window then starts as a hub model's documents start, with the token that begins a document."""
+    if not bos:
+        return windows
+    out = np.array(windows, np.int64)  # [n, W]
+    out[:, 0] = eot
+    return out

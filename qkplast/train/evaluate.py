@@ -37,7 +37,7 @@ from qkplast.analysis.metrics import SCHEMA_VERSION
 from qkplast.errors import QkplastError
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.train.config import TrainConfig
-from qkplast.train.data import copy_windows, load_data
+from qkplast.train.data import copy_windows, load_data, with_bos
 from qkplast.train.gates import copy_score, in_context_gain, position_mean, sink_ratio
 from qkplast.train.hub import branches, hub_cache, repo_id, snapshot
 from qkplast.train.model import quiet_loading
@@ -229,7 +229,7 @@ def measure_checkpoint(out, seed: int, branch: str, window: int, settings: Measu
     times the window in tokens.
     """
     from qkplast.analysis.metrics import analyze
-    from qkplast.capture.corpus import open_corpus
+    from qkplast.capture.corpus import open_corpus, prefix_tokens
     from qkplast.capture.driver import capture
     from qkplast.capture.models import load_model
 
@@ -241,12 +241,15 @@ def measure_checkpoint(out, seed: int, branch: str, window: int, settings: Measu
         loaded = load_model(str(path), device=settings.device, dtype=settings.dtype, seq_len=window,
                             local_files_only=True)
     data = load_data(out)
-    held = data.heldout_stream[: settings.eval_windows, :window]
+    # a checkpoint of a ``bos`` training carries a tokenizer that puts <|endoftext|> in front: its windows start so
+    bos = prefix_tokens(loaded.tokenizer) == [data.eot]
+    held = with_bos(data.heldout_stream[: settings.eval_windows, :window], bos, data.eot)  # [eval_windows, window]
     loss, sink = position_profile(loaded.model, held, settings.sink_windows)  # loss[i]: token i + 1 from tokens 0..i
     pool = data.heldout_stream[:, :window]
     copies, first, second = copy_windows(pool, min(settings.copy_windows, len(pool)), settings.copy_len,
                                          np.random.default_rng(COPY_SEED), vocab_size=loaded.model.config.vocab_size,
                                          eot=data.eot)
+    copies = with_bos(copies, bos, data.eot)
     carry = first >= 0  # the rows that carry a span
     copied = copy_score(loaded.model, copies[carry], first[carry], second[carry], settings.copy_len)
     edges = position_bins(window)
@@ -556,7 +559,8 @@ def save_full_run(target, training: dict, table: pd.DataFrame, baseline: dict, p
 
 
 def load_full_run(path) -> dict:
-    """A committed full run (:func:`save_full_run`): ``{"config", "training", "table", "baseline", "provenance"}``.
+    """A committed full run (:func:`save_full_run`): ``{"config", "training", "table", "baseline", "provenance",
+    "path"}``.
 
     Raises
     ------
@@ -574,4 +578,4 @@ def load_full_run(path) -> dict:
     provenance = json.loads((path / "provenance.json").read_text())
     table = pd.DataFrame(json.loads((path / "checkpoints.json").read_text()))
     return {"config": TrainConfig.from_kwargs(**training["config"]), "training": training, "table": table,
-            "baseline": provenance["baseline"], "provenance": provenance}
+            "baseline": provenance["baseline"], "provenance": provenance, "path": path}

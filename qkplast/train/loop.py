@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from qkplast.train.config import TrainConfig, TrainConfigError
-from qkplast.train.data import TokenData, batch_windows, copy_batch, load_data
+from qkplast.train.data import TokenData, batch_windows, copy_batch, load_data, with_bos
 from qkplast.train.hub import branch_name, hub_cache, publish, repo_id, snapshot
 from qkplast.train.model import build_model, cpu_kernels, deterministic, lr_at, training_device
+from qkplast.train.tokenizer import checkpoint_tokenizer
 
 __all__ = ["predecay_path", "record_path", "recorded_device", "state_path", "train_arm"]
 
@@ -95,7 +96,7 @@ def train_arm(config: TrainConfig, out, seed: int, arm: str, report=None, device
         while True:
             if run.step in checkpoints and branch_name(arm, run.step) not in run.branches:
                 run.branches[branch_name(arm, run.step)] = run.step
-                _publish(run.model, out, seed, arm, run.step)
+                _publish(run.model, out, seed, arm, run.step, config.bos)
                 if arm == "stageA" and config.ext_from == "predecay" and run.step == config.ext_start:
                     _save_predecay(run, out, seed)
                 _save_state(run, out, seed, arm)
@@ -151,11 +152,12 @@ def _batch(config: TrainConfig, arm: str, data: TokenData, seed: int, step: int)
     if arm == "stageA":
         windows = data.windows(config.window)
         rows = np.asarray(windows[batch_windows(len(windows), config.batch, step, seed, 0)], np.int64)
-        return copy_batch(config, rows, seed, step, "stageA", data.eot)
+        return with_bos(copy_batch(config, rows, seed, step, "stageA", data.eot), config.bos, data.eot)
     rows = batch_windows(len(data.chunks), config.batch // config.ext_factor, step, seed, 1)
     chunks = np.asarray(data.chunks[rows], np.int64)  # [batch / ext_factor, ext_window]
     # copied spans in the long windows, before the short arm cuts them: every arm still sees the same tokens
-    return copy_batch(config, chunks, seed, step, "extension", data.eot).reshape(-1, config.window_of(arm))
+    cut = copy_batch(config, chunks, seed, step, "extension", data.eot).reshape(-1, config.window_of(arm))
+    return with_bos(cut, config.bos, data.eot)  # [batch, window of the arm]: each of the short arm's windows too
 
 
 def _optimizer(model, config: TrainConfig, peak: float):
@@ -230,12 +232,10 @@ def _torch_save(value, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _publish(model, out: Path, seed: int, arm: str, step: int) -> str:
-    """Save the model with the training's tokenizer and add it to the hub cache as the checkpoint's branch."""
-    from transformers import AutoTokenizer
-
-    # local_files_only explicit: the tokenizer config records it, and the commit must not depend on HF_HUB_OFFLINE
-    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer", local_files_only=True)
+def _publish(model, out: Path, seed: int, arm: str, step: int, bos: bool = False) -> str:
+    """Save the model with the training's tokenizer (with ``bos``, one that puts ``<|endoftext|>`` in front of a
+    text, as the model was trained) and add it to the hub cache as the checkpoint's branch."""
+    tokenizer = checkpoint_tokenizer(out / "tokenizer", bos)
     (out / "hf").mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(dir=out / "hf", prefix=".checkpoint-"))
     try:

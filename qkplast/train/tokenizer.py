@@ -1,15 +1,16 @@
 """A byte-level BPE tokenizer trained on the training documents, saved as a transformers fast tokenizer.
 
 Byte-level: every text encodes (no unknown token), as GPT-2's does. One special token, ``<|endoftext|>``,
-separates packed documents and serves as both BOS and EOS; nothing is added in front of a text, so a capture's
-window starts with the document's first token.
+separates packed documents and serves as both BOS and EOS. The training's tokenizer adds nothing in front of a
+text; a checkpoint of a training with ``bos`` carries one that puts ``<|endoftext|>`` in front
+(:func:`checkpoint_tokenizer`), so a capture's windows start as the model's training windows did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["EOT", "train_tokenizer"]
+__all__ = ["EOT", "checkpoint_tokenizer", "train_tokenizer"]
 
 EOT = "<|endoftext|>"
 
@@ -32,3 +33,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOT, eos_token=EOT, model_max_length=1 << 30)
+
+
+def checkpoint_tokenizer(path, bos: bool):
+    """The training's tokenizer saved in ``path``, as a checkpoint carries it: with ``bos``, one whose encoding of
+    a text starts with ``<|endoftext|>`` (a template post-processor, as hub models' tokenizers add their BOS)."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    # local_files_only explicit: the tokenizer config records it, and the commit must not depend on HF_HUB_OFFLINE
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if bos:
+        eot = tokenizer.convert_tokens_to_ids(EOT)
+        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{EOT} $A", pair=f"{EOT} $A {EOT} $B", special_tokens=[(EOT, eot)])
+    return tokenizer

@@ -1,0 +1,90 @@
+"""The full run's shipped checkpoints measured again on this machine (issue 36).
+
+The committed full run (``data/miniature-full/``) was trained and measured on a GPU. Seed 0's decisive checkpoints
+travel with it in float16 (``seed0-checkpoints.tar.xz``, :data:`SHIPPED`); a reader on a CPU checks the committed
+table by measuring them again: the training data are rebuilt from the pinned corpora
+(:func:`qkplast.train.data.prepare_data`, deterministic), each shipped checkpoint becomes a branch of a local hub
+cache, and :func:`qkplast.train.evaluate.measure_checkpoint` measures it at both windows with the committed
+settings, on this machine's device.
+
+What may differ, and why: the weights were rounded to float16 for shipping (a relative error of at most
+``2**-11``), and the GPU's float32 kernels sum in another order than the CPU's. The comparison states each
+difference beside the spread of the same quantity over the run's seeds at the same checkpoint, the variation the
+readings are about.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from qkplast.train.data import prepare_data
+from qkplast.train.evaluate import MeasureSettings, measure_checkpoint, window_kinds
+from qkplast.train.hub import branches, hub_cache, publish, repo_id
+
+__all__ = ["COMPARED", "SHIPPED", "recapture", "unpack_shipped"]
+
+#: The shipped seed's archive in a committed full run.
+SHIPPED = "seed0-checkpoints.tar.xz"
+
+#: The quantities compared: what the gates and the readings read.
+COMPARED = ("loss", "in_context_gain", "copy_loss", "sink_ratio", "abs_bias_strength", "abs_alpha_k", "ap_first20",
+            "ap_drop")
+
+
+def unpack_shipped(archive, out, seed: int = 0) -> list[str]:
+    """Publish every checkpoint folder of ``archive`` as a branch of ``seed`` in ``out``'s hub cache; its names."""
+    out = Path(out)
+    with tempfile.TemporaryDirectory(dir=out) as tmp, tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+        names = sorted(p.name for p in Path(tmp).iterdir() if p.is_dir())
+        known = branches(hub_cache(out), repo_id(seed))
+        for name in names:
+            if name not in known:
+                publish(Path(tmp) / name, hub_cache(out), repo_id(seed), name)
+    return names
+
+
+def recapture(full: dict, out, settings: MeasureSettings | None = None, seed: int = 0) -> pd.DataFrame:
+    """Measure the shipped checkpoints of a committed full run again and compare them with its table.
+
+    Parameters
+    ----------
+    full : dict
+        :func:`qkplast.train.evaluate.load_full_run`'s value; its ``path`` holds :data:`SHIPPED`.
+    out : path
+        A working directory: the rebuilt training data and the hub cache of the shipped checkpoints.
+    settings : MeasureSettings, optional
+        The committed measurement settings (``full["provenance"]["measure_settings"]``) on the CPU when None.
+
+    Returns
+    -------
+    DataFrame
+        One row per (branch, window kind, quantity of :data:`COMPARED`): ``committed``, ``recaptured``,
+        ``difference`` and ``seed_sd``, the standard deviation of the committed value over the run's seeds at the
+        same checkpoint and window.
+    """
+    config, table = full["config"], full["table"]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if settings is None:
+        recorded = {k: v for k, v in full["provenance"]["measure_settings"].items() if k != "device"}
+        settings = MeasureSettings(**recorded)
+    prepare_data(config, out, progress=False)
+    names = unpack_shipped(Path(full["path"]) / SHIPPED, out, seed)
+    rows = []
+    for name in names:
+        for kind, window in window_kinds(config).items():
+            ours = measure_checkpoint(out, seed, name, window, settings, stage_window=config.window)
+            same = table[(table.branch == name) & (table.window_kind == kind)]
+            theirs = same[same.seed == seed].iloc[0]
+            for q in COMPARED:
+                rows.append({"branch": name, "window_kind": kind, "quantity": q, "committed": float(theirs[q]),
+                             "recaptured": float(ours[q]), "seed_sd": float(same[q].std(ddof=1))})
+    result = pd.DataFrame(rows)
+    return result.assign(difference=result.recaptured - result.committed,
+                         relative_to_sd=(result.recaptured - result.committed).abs() / result.seed_sd.replace(0, np.nan))
