@@ -49,7 +49,8 @@ def unpack_shipped(archive, out, seed: int = 0) -> list[str]:
     return names
 
 
-def recapture(full: dict, out, settings: MeasureSettings | None = None, seed: int = 0) -> pd.DataFrame:
+def recapture(full: dict, out, settings: MeasureSettings | None = None, seed: int = 0,
+              only: list[str] | None = None) -> pd.DataFrame:
     """Measure the shipped checkpoints of a committed full run again and compare them with its table.
 
     Parameters
@@ -60,6 +61,8 @@ def recapture(full: dict, out, settings: MeasureSettings | None = None, seed: in
         A working directory: the rebuilt training data and the hub cache of the shipped checkpoints.
     settings : MeasureSettings, optional
         The committed measurement settings (``full["provenance"]["measure_settings"]``) on the CPU when None.
+    only : list of str, optional
+        Measure only these shipped branches (None: every one).
 
     Returns
     -------
@@ -76,8 +79,11 @@ def recapture(full: dict, out, settings: MeasureSettings | None = None, seed: in
         settings = MeasureSettings(**recorded)
     prepare_data(config, out, progress=False)
     names = unpack_shipped(Path(full["path"]) / SHIPPED, out, seed)
+    missing = sorted(set(only or ()) - set(names))
+    if missing:
+        raise ValueError(f"{', '.join(missing)} not shipped in {Path(full['path']) / SHIPPED}; shipped: {', '.join(names)}")
     rows = []
-    for name in names:
+    for name in only or names:
         for kind, window in window_kinds(config).items():
             ours = measure_checkpoint(out, seed, name, window, settings, stage_window=config.window)
             same = table[(table.branch == name) & (table.window_kind == kind)]
