@@ -157,8 +157,9 @@ def choose(pilots, results):
 def export(out: Path, target: Path, config, training: dict, table, gates, provenance: dict) -> None:
     """The files chapter 10 reads (``data/miniature-full/``) into ``target``: those of
     :func:`qkplast.train.evaluate.save_full_run`, every gate per seed (``gates.csv``) and seed 0's checkpoints
-    that the chapter recaptures (:func:`shipped_branches`)."""
+    that the chapter recaptures (:func:`qkplast.train.shipped.shipped_branches`)."""
     from qkplast.train.evaluate import save_full_run
+    from qkplast.train.shipped import SHIPPED, shipped_branches
 
     base = baseline(out, config)
     save_full_run(target, training, table, base, provenance)
@@ -166,34 +167,15 @@ def export(out: Path, target: Path, config, training: dict, table, gates, proven
     ship_seed(out, 0, target / SHIPPED, shipped_branches(config, table, base["unigram"], 0))
 
 
-#: The archive of the shipped seed's checkpoints (float16), beside the full run's tables.
-SHIPPED = "seed0-checkpoints.tar.xz"
-
-
-def shipped_branches(config, table, unigram: float, seed: int) -> list[str]:
-    """The branches of ``seed`` a reader recaptures: its "early" checkpoint (the event of the registration), the
-    checkpoints the gates are read at (:func:`qkplast.train.evaluate.decisive_steps`: the branch, stage A's end,
-    each arm's end). All 25 of a seed would be 40 MiB (float16 weights compress by about 10%), more than the
-    repository should carry for a check a reader runs on a few."""
-    from qkplast.train.evaluate import decisive_steps
-    from qkplast.train.gates import early_checkpoint
-    from qkplast.train.hub import branch_name
-
-    wanted = {(arm, step) for arm, steps in decisive_steps(config).items() for step in steps}
-    early = early_checkpoint(table, unigram).get(seed)
-    if early is not None and early == early:  # NaN: the seed never left the plateau
-        wanted.add(("stageA", int(early)))
-    return sorted(branch_name(arm, step) for arm, step in wanted)
-
-
 def ship_seed(out: Path, seed: int, path: Path, names=None) -> None:
     """Checkpoints ``names`` of ``seed`` (None: every one) in float16 (safetensors, config and tokenizer), one
-    folder per branch, packed by :func:`pack_folders`."""
+    folder per branch, packed by :func:`qkplast.train.shipped.pack_folders`."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from qkplast.train.hub import branches, hub_cache, repo_id, snapshot
     from qkplast.train.model import quiet_loading
+    from qkplast.train.shipped import pack_folders
 
     staging = out / f"ship-seed{seed}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -208,26 +190,14 @@ def ship_seed(out: Path, seed: int, path: Path, names=None) -> None:
     say(f"shipped seed {seed}'s {len(names)} checkpoints in float16: {path.stat().st_size / 2**20:.1f} MiB")
 
 
-def pack_folders(staging: Path, path: Path, names) -> None:
-    """The folders ``names`` of ``staging`` as one .tar.xz, byte-stable (sorted, times and owners zeroed)."""
-    # preset 1: float16 weights gain about 10% at any preset (random fp16, 34.3 MiB: 30.8 at 6 and 9 in 32 s, 31.2 at 1 in 23 s)
-    with tarfile.open(path, "w:xz", preset=1) as tar:
-        for item in sorted(p for name in names for p in [staging / name, *(staging / name).rglob("*")]):
-            info = tar.gettarinfo(str(item), arcname=str(item.relative_to(staging)))
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            if item.is_file():
-                with open(item, "rb") as f:
-                    tar.addfile(info, f)
-            else:
-                tar.addfile(info)
-
-
 def repack(archive: Path, target: Path) -> None:
     """``target/seed0-checkpoints.tar.xz`` from ``archive``, an archive of every checkpoint of seed 0 (as an
-    earlier export wrote it): the subset :func:`shipped_branches` names for the full run in ``target``."""
+    earlier export wrote it): the subset :func:`qkplast.train.shipped.shipped_branches` names for the full run in
+    ``target``."""
     import tempfile
 
     from qkplast.train.evaluate import load_full_run
+    from qkplast.train.shipped import SHIPPED, pack_folders, shipped_branches
 
     full = load_full_run(target)
     names = shipped_branches(full["config"], full["table"], full["baseline"]["unigram"], 0)
