@@ -24,6 +24,11 @@ Run on a lent GPU (the device tool; wheels prepared here with ``benchmarks/bench
         "QKPLAST_COMMIT=<commit> python3 benchmarks/bench_miniature.py --out /tmp/mini --export $OUT "
         "2>&1 | tee $OUT/bench_miniature.log")
 
+``--pilot-names`` runs only the named pilots; ``--pilots-only`` stops after them, and ``--require-pass`` stops
+after them unless one passed every gate in all its seeds. A pilot that passed continues as the full run in its own
+directory (its seeds' stage A is not trained again), so the pilot of the second amendment and the full run fit one
+call (``--pilot-names bos-long --require-pass``: about 450 s on an H200, estimated from the first full run's rates).
+
 ``--selftest-cpu`` rehearses every step here on the CPU with tiny settings (a couple of minutes; the acceptance
 tier runs it).
 """
@@ -144,6 +149,12 @@ def gate_table(table, config, out: Path, gate_config):
     return gates.assign(registered_passed=registered.passed.values, registered_failed=registered.failed.values)
 
 
+def full_directory(out: Path, chosen: str, passed) -> Path:
+    """Where the full run trains: a pilot that passed is the full setting on some of its seeds, so its directory
+    (stage A of those seeds done, the same config recorded) continues as the full run's; else ``out/full``."""
+    return out / f"pilot-{chosen}" if passed else out / "full"
+
+
 def choose(pilots, results):
     """The first pilot (file order) all of whose seeds passed every stage-A gate; else the first pilot (the run is
     then read as "not testable" by the chapter, with the pilots' evidence)."""
@@ -254,6 +265,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pilot-names", nargs="+", default=None, metavar="NAME", help="only these pilots of --pilots")
     parser.add_argument("--pilots-only", action="store_true",
                         help="stop after the pilots (their gates written to --export DIR/pilots.json)")
+    parser.add_argument("--require-pass", action="store_true",
+                        help="stop after the pilots, as --pilots-only does, unless one of them passed every gate")
     parser.add_argument("--repack", type=Path, default=None, metavar="ARCHIVE",
                         help="only write --export's shipped checkpoints from ARCHIVE (every checkpoint of seed 0)")
     args = parser.parse_args(argv)
@@ -306,17 +319,18 @@ def run(args) -> int:
         results = run_pilots(pilots, data_dir, out, device, measure)
         chosen, config, passed = choose(pilots, results)
         say(f"   chosen: {chosen} ({'passed every stage-A gate' if passed else 'no pilot passed every gate: the first'})")
-        if args.pilots_only:
-            pilots_record = {**facts, "pilots": results, "chosen_pilot": chosen, "chosen_passed": passed,
-                             "measure_settings": settings.__dict__, "gate_config": gate_config.__dict__,
-                             "baseline": baseline(out / f"pilot-{pilots[0][0]}", pilots[0][1]),
-                             "total_s": round(time.perf_counter() - START, 1), "selftest_cpu": bool(args.selftest_cpu)}
+        if args.pilots_only or (args.require_pass and not passed):
+            record = {**facts, "pilots": results, "chosen_pilot": chosen, "chosen_passed": passed,
+                      "measure_settings": settings.__dict__, "gate_config": gate_config.__dict__,
+                      "baseline": baseline(out / f"pilot-{pilots[0][0]}", pilots[0][1]),
+                      "total_s": round(time.perf_counter() - START, 1), "selftest_cpu": bool(args.selftest_cpu)}
             target = args.export or out
             target.mkdir(parents=True, exist_ok=True)
-            (target / "pilots.json").write_text(json.dumps(pilots_record, indent=1, default=str))
-            say(f"pilots only: {target / 'pilots.json'}; done in {time.perf_counter() - START:.0f} s")
+            (target / "pilots.json").write_text(json.dumps(record, indent=1, default=str))
+            why = "pilots only" if args.pilots_only else "no pilot passed (--require-pass)"
+            say(f"{why}: {target / 'pilots.json'}; done in {time.perf_counter() - START:.0f} s")
             return 0
-    full_dir = out / "full"
+    full_dir = full_directory(out, chosen, passed)
     shared_data(config, data_dir, full_dir)
     say(f"3/5 full run: {config.seeds} seeds x (stage A + {len(config.arms)} arms) on {device}, {config.workers} at once")
     tic = time.perf_counter()

@@ -61,3 +61,46 @@ def test_the_full_run_command_exports_what_chapter_10_reads(tmp_path):
     # tests/integration/train/test_shipped.py: two untrained seeds of the rehearsal barely differ from each other)
     assert "checkpoints x 2 windows x 8 quantities recaptured" in text
     assert not (tmp_path / "run").exists()  # the full run is read, nothing trained
+
+
+WRAPPER = """
+import sys
+sys.path.insert(0, {benchmarks!r})
+import bench_miniature
+
+# the selftest's tiny pilots cannot pass the gates: pretend the first one did, to rehearse what follows a pass
+bench_miniature.choose = lambda pilots, results: (pilots[0][0], pilots[0][1], True)
+if __name__ == "__main__":  # the spawned workers import this file again
+    sys.exit(bench_miniature.main(sys.argv[1:]))
+"""
+
+
+def test_a_pilot_that_passed_continues_as_the_full_run_in_its_own_directory(tmp_path):
+    """The chosen pilot is the full setting on some of its seeds: its stage A is not trained again."""
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(WRAPPER.format(benchmarks=str(ROOT / "benchmarks")))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONPATH": str(ROOT)}
+    work = tmp_path / "work"
+    done = subprocess.run([sys.executable, str(wrapper), "--selftest-cpu", "--pilot-names", "base", "--require-pass",
+                           "--out", str(work)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the full run trained in the pilot's directory, where seed 0's stage A was already done (train_arm returns a
+    # finished run's record at once), and nowhere else
+    assert "3/5 full run" in done.stdout and not (work / "full").exists()
+    training = json.loads((work / "pilot-base" / "training.json").read_text())
+    assert {(r["seed"], r["arm"]) for r in training["runs"]} == {
+        (seed, arm) for seed in (0, 1) for arm in ("stageA", "rescaled", "control", "rescaled-short")}
+
+
+def test_require_pass_stops_after_pilots_that_failed(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONPATH": str(ROOT)}
+    work = tmp_path / "work"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_miniature.py"), "--selftest-cpu",
+                           "--pilot-names", "base", "--require-pass", "--out", str(work)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no pilot passed (--require-pass)" in done.stdout and "3/5 full run" not in done.stdout
+    record = json.loads((work / "pilots.json").read_text())
+    assert record["chosen_passed"] is False and [p["name"] for p in record["pilots"]] == ["base"]
