@@ -116,7 +116,10 @@ def _summary(record: dict) -> dict:
 
 
 def baseline(out: Path, config) -> dict:
-    """The held-out unigram and bigram cross-entropies of the training data in ``out`` (the gates' reference)."""
+    """The held-out unigram and bigram cross-entropies of the training data in ``out`` (the gates' reference).
+
+    Computed once per bench from the shared data every pilot and the full run copy (they differ only in
+    optimisation settings), and passed to whatever reads it."""
     from qkplast.train.data import load_data
     from qkplast.train.gates import heldout_bigram_baseline
 
@@ -124,7 +127,7 @@ def baseline(out: Path, config) -> dict:
     return heldout_bigram_baseline(data.stream, data.heldout_stream.reshape(-1, config.window), config.vocab_size)
 
 
-def pilot_gates(config, out: Path, record: dict, settings, gate_config, seed: int = 0) -> dict:
+def pilot_gates(config, out: Path, record: dict, settings, gate_config, reference: dict, seed: int = 0) -> dict:
     """The stage-A gates of a pilot seed's final checkpoint (measured at L) and the pilot's tokens/s."""
     from qkplast.train.evaluate import measure_checkpoint
     from qkplast.train.gates import LEARNING_GATES, seed_gates
@@ -133,18 +136,18 @@ def pilot_gates(config, out: Path, record: dict, settings, gate_config, seed: in
     branch = branch_name("stageA", config.steps)
     row = measure_checkpoint(out, seed, branch, config.window, settings, stage_window=config.window)
     row.update(seed=seed, arm="stageA", step=config.steps, window=config.window)
-    gated = seed_gates([row], baseline(out, config)["bigram"], config.vocab_size, config.window, gate_config).iloc[0]
+    gated = seed_gates([row], reference["bigram"], config.vocab_size, config.window, gate_config).iloc[0]
     return {"tokens_per_s": float(record.get("tokens_per_s", float("nan"))), "loss": row["loss"],
             "gates": [{"gate": g, "value": float(gated[g]), "threshold": float(gated[f"{g}_threshold"]),
                        "passed": bool(gated[f"{g}_pass"])} for g in LEARNING_GATES]}
 
 
-def gate_table(table, config, out: Path, gate_config):
+def gate_table(table, config, gate_config, reference: dict):
     """Every checkpoint's gates (:func:`qkplast.train.gates.seed_gates`) with the registered rule's columns."""
     from qkplast.train.evaluate import decisive_steps
     from qkplast.train.gates import registered_gates, seed_gates
 
-    gates = seed_gates(table, baseline(out, config)["bigram"], config.vocab_size, config.window, gate_config)
+    gates = seed_gates(table, reference["bigram"], config.vocab_size, config.window, gate_config)
     registered = registered_gates(gates, decisive_steps(config))
     return gates.assign(registered_passed=registered.passed.values, registered_failed=registered.failed.values)
 
@@ -165,17 +168,16 @@ def choose(pilots, results):
     return pilots[0][0], pilots[0][1], False
 
 
-def export(out: Path, target: Path, config, training: dict, table, gates, provenance: dict) -> None:
+def export(out: Path, target: Path, config, training: dict, table, gates, provenance: dict, reference: dict) -> None:
     """The files chapter 10 reads (``data/miniature-full/``) into ``target``: those of
     :func:`qkplast.train.evaluate.save_full_run`, every gate per seed (``gates.csv``) and seed 0's checkpoints
     that the chapter recaptures (:func:`qkplast.train.shipped.shipped_branches`)."""
     from qkplast.train.evaluate import save_full_run
     from qkplast.train.shipped import SHIPPED, shipped_branches
 
-    base = baseline(out, config)
-    save_full_run(target, training, table, base, provenance)
+    save_full_run(target, training, table, reference, provenance)
     gates.to_csv(target / "gates.csv", index=False)
-    ship_seed(out, 0, target / SHIPPED, shipped_branches(config, table, base["unigram"], 0))
+    ship_seed(out, 0, target / SHIPPED, shipped_branches(config, table, reference["unigram"], 0))
 
 
 def ship_seed(out: Path, seed: int, path: Path, names=None) -> None:
@@ -309,20 +311,21 @@ def run(args) -> int:
     data_dir = out / "shared"
     say(f"1/5 data: corpus {base.corpus}, vocabulary {base.vocab_size}")
     prepare_data(base, data_dir)
+    reference = baseline(data_dir, base)
     pilots = [] if args.skip_pilots else [(n, replace(c, **overrides), seeds)
                                           for n, c, seeds in load_pilots(args.pilots, base, args.pilot_names)]
     results, chosen, passed = [], "full study file", None
     config = base
     if pilots:
         say(f"2/5 pilots: {', '.join(f'{n} (seeds {s})' for n, _, s in pilots)}, stage A, side by side")
-        measure = lambda c, d, record, seed: pilot_gates(c, d, record, settings, gate_config, seed)  # noqa: E731
+        measure = lambda c, d, record, seed: pilot_gates(c, d, record, settings, gate_config, reference, seed)  # noqa: E731
         results = run_pilots(pilots, data_dir, out, device, measure)
         chosen, config, passed = choose(pilots, results)
         say(f"   chosen: {chosen} ({'passed every stage-A gate' if passed else 'no pilot passed every gate: the first'})")
         if args.pilots_only or (args.require_pass and not passed):
             record = {**facts, "pilots": results, "chosen_pilot": chosen, "chosen_passed": passed,
                       "measure_settings": settings.__dict__, "gate_config": gate_config.__dict__,
-                      "baseline": baseline(out / f"pilot-{pilots[0][0]}", pilots[0][1]),
+                      "baseline": reference,
                       "total_s": round(time.perf_counter() - START, 1), "selftest_cpu": bool(args.selftest_cpu)}
             target = args.export or out
             target.mkdir(parents=True, exist_ok=True)
@@ -342,7 +345,7 @@ def run(args) -> int:
     tic = time.perf_counter()
     table = checkpoint_table(full_dir, config, training, settings, workers=workers, progress=False)
     measure_s = time.perf_counter() - tic
-    gates = gate_table(table, config, full_dir, gate_config)
+    gates = gate_table(table, config, gate_config, reference)
     say(f"   measured {len(table)} rows in {measure_s:.0f} s")
     from qkplast.train.evaluate import decisive_steps
     from qkplast.train.gates import GATES
@@ -360,7 +363,7 @@ def run(args) -> int:
                   "total_s": round(time.perf_counter() - START, 1), "selftest_cpu": bool(args.selftest_cpu)}
     if args.export is not None:
         say(f"5/5 export to {args.export}")
-        export(full_dir, args.export, config, training, table, gates, provenance)
+        export(full_dir, args.export, config, training, table, gates, provenance, reference)
     say(f"done in {time.perf_counter() - START:.0f} s")
     return 0
 

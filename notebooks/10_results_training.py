@@ -118,8 +118,8 @@ else:
 source = "the committed full run" if full is not None else "the preview trained on this page"
 
 # %% [markdown]
-# Where and how the full run was made, and the pilots that chose its setting: each pilot is stage A of seed 0 at
-# the full length with one setting changed (`studies/miniature-pilots.yaml`, committed before they ran), gated as
+# Where and how the full run was made, and the pilots that chose its setting: each pilot is stage A of seed 0 (of
+# several seeds, in the amendments) at the full length with one setting changed (`studies/miniature-pilots.yaml`, committed before they ran), gated as
 # the full run is; the rule takes the first pilot whose seed passes every stage-A gate, and the first pilot when
 # none does.
 
@@ -178,7 +178,7 @@ else:
 if full is not None:
     import tempfile
 
-    from qkplast.train.shipped import recapture
+    from qkplast.train.shipped import TOLERANCE, recapture
 
     with tempfile.TemporaryDirectory() as scratch:
         again = recapture(full, scratch)
@@ -186,7 +186,7 @@ if full is not None:
     print(f"{again.branch.nunique()} checkpoints x {again.window_kind.nunique()} windows x "
           f"{again.quantity.nunique()} quantities recaptured; largest |difference| {again.difference.abs().max():.1e}, "
           f"at most {again.relative_to_sd.max():.4f} of the seeds' standard deviation ({worst.quantity}, "
-          f"{worst.branch} at {worst.window_kind}); within the tolerance of 0.05: {bool((again.relative_to_sd <= 0.05).all())}")
+          f"{worst.branch} at {worst.window_kind}); within the tolerance of {TOLERANCE}: {bool((again.relative_to_sd <= TOLERANCE).all())}")
     display(again.groupby("quantity")[["difference", "relative_to_sd"]].agg(lambda x: x.abs().max())
             .rename(columns={"difference": "largest |difference|", "relative_to_sd": "largest / seeds' SD"}))
 else:
@@ -199,7 +199,7 @@ else:
 # %%
 if full is not None:
     print(f"every recaptured quantity within a twentieth of the seeds' standard deviation: "
-          f"{bool((again.relative_to_sd <= 0.05).all())}")
+          f"{bool((again.relative_to_sd <= TOLERANCE).all())}")
 
 # %%
 from qkplast.train import theta_bound

@@ -27,10 +27,14 @@ from qkplast.train.evaluate import MeasureSettings, decisive_steps, measure_chec
 from qkplast.train.gates import early_checkpoint
 from qkplast.train.hub import branch_name, branches, hub_cache, publish, repo_id
 
-__all__ = ["COMPARED", "SHIPPED", "pack_folders", "recapture", "shipped_branches", "unpack_shipped"]
+__all__ = ["COMPARED", "SHIPPED", "TOLERANCE", "pack_folders", "recapture", "shipped_branches", "unpack_shipped"]
 
 #: The shipped seed's archive in a committed full run.
 SHIPPED = "seed0-checkpoints.tar.xz"
+
+#: The largest recaptured difference allowed, in units of the seeds' standard deviation at the same checkpoint:
+#: a difference below a twentieth of the variation the readings are about cannot move a reading.
+TOLERANCE = 0.05
 
 #: The quantities compared: what the gates and the readings read.
 COMPARED = ("loss", "in_context_gain", "copy_loss", "sink_ratio", "abs_bias_strength", "abs_alpha_k", "ap_first20",
