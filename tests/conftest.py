@@ -173,47 +173,6 @@ def smoke_training(tmp_path_factory):
     return out, train(PRESETS["smoke"], out, progress=False)
 
 
-#: Where chapter 10's preview lives in the default run directory (book.sh, and the notebooks' nbval tier, train it
-#: there); :func:`preview_training` copies it from there when it is finished, so a test session trains it at most once.
-DEFAULT_PREVIEW = TESTS.parent / "runs" / "smollm2-135m" / "training" / "miniature"
-#: Chapter 10's measurement of the preview (the notebook's ``MeasureSettings(docs=4)``).
-PREVIEW_DOCS = 4
-
-
-@pytest.fixture(scope="session")
-def preview_training(tmp_path_factory) -> Path:
-    """Chapter 10's preview (``studies/miniature.yaml``), trained and measured as the chapter does, once for the
-    whole test session and every xdist worker: a directory to copy under ``RUN/training/miniature`` of a run whose
-    chapter 10 runs with its default parameters (it then reads the finished training and its cached measurements,
-    the chapter's documented reuse, instead of spending six minutes on them again).
-
-    Taken from the default run directory when a finished preview of the same settings is there (the nbval tier's
-    chapter 10 trains it), else trained and measured under a lock in the session's shared temporary directory."""
-    import fcntl
-    import json
-    import shutil
-
-    from qkplast.train.evaluate import MeasureSettings, checkpoint_table
-    from qkplast.train.run import STUDIES, ensure_training, training_complete
-    from qkplast.train.config import TrainConfig, load_train_study
-
-    config = load_train_study(STUDIES / "miniature.yaml").config
-    shared = tmp_path_factory.getbasetemp().parent  # shared by the xdist workers of one session
-    with open(shared / "preview.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker trains; the other waits, then copies
-        root = shared / "preview-run"
-        out = root / "training" / "miniature"
-        if not training_complete(out):
-            recorded = DEFAULT_PREVIEW / "config.json"
-            if training_complete(DEFAULT_PREVIEW) and (
-                    TrainConfig.from_kwargs(**json.loads(recorded.read_text())).result_key() == config.result_key()):
-                shutil.copytree(DEFAULT_PREVIEW, out, symlinks=True, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns(".lock"))
-        config, out, trained = ensure_training(str(STUDIES / "miniature.yaml"), root, progress=False)
-        checkpoint_table(out, config, trained, MeasureSettings(docs=PREVIEW_DOCS), progress=False, workers=2)
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_notebooks(smoke_training):
     """The tiny rehearsals' notebook parameters (``tests.helpers.TINY_NOTEBOOKS``) with chapter 10 reading the

@@ -22,7 +22,6 @@ forward used there; the captured ``q . k`` must reproduce their differences.
 from __future__ import annotations
 
 import json
-import shutil
 import os
 import subprocess
 import sys
@@ -193,20 +192,17 @@ def _prose(n: int, chars: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def readme_run(hub, tmp_path_factory, preview_training):
+def readme_run(hub, tmp_path_factory):
     """The README's thesis-scale commands, run as written but for the model (the tiny Qwen3 at its pinned commit in
     the local hub cache), the corpus (two generated 131072-token documents), ``--docs`` and ``--out``.
 
-    The run directory starts with chapter 10's preview, trained and measured once for the session
-    (``preview_training``), under ``RUN/training/miniature``, where chapter 10 finds it finished and reads it
-    (its documented reuse; the training itself is tested in tests/*/train and by the notebooks' tier): the
-    rehearsal checks the command, not six minutes of the preview again."""
+    Chapter 10 runs with its default parameters, as in the book: it reads the committed full run
+    (``data/miniature-full``) and measures its shipped checkpoints again; nothing is trained here (the training
+    itself is tested in tests/*/train)."""
     cache, commits, long = hub
     dry, full = readme_commands()
     assert "--dry-run" in dry and "--dry-run" not in full, "the section shows a dry run, then the run"
     out = tmp_path_factory.mktemp("readme") / "run"
-    shutil.copytree(preview_training, out / "training" / "miniature", symlinks=True,
-                    ignore=shutil.ignore_patterns(".lock"))
     # the stand-in corpus: the two 131072-token documents the capture reads, then shorter ones, as a real corpus
     # has beside them, which chapter 12 needs for its own 512-token windows (geometry, then behaviour)
     corpus = out.parent / "readme.jsonl"
@@ -247,4 +243,7 @@ def test_readme_thesis_commands_run_as_written_through_every_stage(hub, readme_r
     assert executed == sources
     nine = (out / "notebooks" / "09_results_plasticity.ipynb").read_text()
     assert json.dumps(code["note"])[1:-1] in nine  # chapter 09 says how the code capture was sized, or why not
+    # chapter 10 read the committed full run, as the book does, and trained nothing into the run directory
+    assert "checkpoints x 2 windows" in (out / "notebooks" / "10_results_training.ipynb").read_text()
+    assert not (out / "training" / "miniature").exists()
     print(f"README rehearsal: {seconds:.0f} s wall ({manifest['timings_s']})")

@@ -1,5 +1,5 @@
-"""The measured-times page (benchmarks/measured_times.py): the table in book/reproduce.md is what the data renders,
-one row per setting with the latest measurement, and the parts a measurement reads (pytest's closing line, the run
+"""The measured-times page (benchmarks/measured_times.py): the table in book/reproduce.md and the README's sentence
+are what the data renders, one row per setting with the latest measurement, and the parts a measurement reads (pytest's closing line, the run
 manifest's notebook times, /proc/cpuinfo) are read as written."""
 
 from __future__ import annotations
@@ -24,7 +24,33 @@ def test_the_book_page_holds_the_table_the_data_renders():
     assert rows, "data/measured_times.csv has no measurement"
     assert len({(row["cpu"], row["commands"]) for row in rows}) == len(rows), "a setting has more than one row"
     for row in rows:
-        assert measured_times.minutes(row["book_s"]) in page and f"`{row['commit']}`" in page
+        assert measured_times.minutes(row["book_s"]) in page and measured_times.minutes(row["test_s"]) in page and f"`{row['commit']}`" in page
+
+
+def test_the_readme_holds_the_sentence_the_data_renders():
+    readme = (ROOT / "README.md").read_text()
+    assert readme == measured_times.render_readme(), (
+        "README.md's sentence of measured times differs from data/measured_times.csv: "
+        "run `python benchmarks/measured_times.py --render-only`")
+
+
+def test_the_readme_sentence_is_the_latest_row_of_the_readmes_order():
+    base = {field: "" for field in measured_times.FIELDS} | {"cpu": "AMD EPYC", "cores": "2", "tests": "3 passed"}
+    rows = [base | {"commands": measured_times.COMMANDS, "commit": "new", "date": "2026-11-28", "book_s": "1763",
+                    "test_s": "2346", "note": "test.sh exited 1"},
+            base | {"commands": measured_times.COMMANDS, "commit": "old", "date": "2026-11-27", "book_s": "60", "test_s": "60"},
+            base | {"commands": "each alone", "commit": "other", "date": "2026-11-29", "book_s": "1", "test_s": "1"}]
+    assert measured_times.readme_sentence(rows) == (
+        "Measured on a 2-core AMD EPYC, `book.sh` then `test.sh` in one fresh clone (commit `new`, 2026-11-28): "
+        "`book.sh` **29 min 23 s**, `test.sh` **39 min 6 s** (3 passed; test.sh exited 1).")
+    with pytest.raises(ValueError, match="no row of"):
+        measured_times.readme_sentence(rows[2:])
+    alone = base | {"commands": measured_times.ALONE, "commit": "ci", "date": "2026-11-29", "book_s": "",
+                    "test_s": "3935"}
+    assert measured_times.readme_sentence([*rows, alone]).endswith(
+        " `test.sh` alone in a fresh clone, as CI runs it (commit `ci`, 2026-11-29): **65 min 35 s** (3 passed).")
+    assert measured_times.render([alone]).splitlines()[2].startswith("| AMD EPYC (2) | test.sh alone")
+    assert "| - | 65 min 35 s |" in measured_times.render([alone])
 
 
 def test_a_new_measurement_replaces_its_settings_row_only():
