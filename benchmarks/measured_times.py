@@ -15,8 +15,9 @@ The data is ``data/measured_times.csv``: one row per setting, a setting being th
 hold the latest figure of each setting and no history. The table lies in ``book/reproduce.md`` between the two
 marker comments :data:`START` and :data:`END`; the README's sentence of measured times, between
 :data:`README_START` and :data:`README_END`, is rendered from the latest row of the README's order
-(:data:`COMMANDS`). ``tests/unit/test_measured_times.py`` checks that both are what the data renders. A measurement takes the two commands' time (about 40 minutes on the project's 2-core machines)
-and needs the network the commands' install needs (pip, and apt-get as root).
+(:data:`COMMANDS`). ``tests/unit/test_measured_times.py`` checks that both are what the data renders. A
+measurement takes the two commands' time (about 70 minutes on the project's 2-core machines; ``--alone``, about
+60) and needs the network the commands' install needs (pip, and apt-get as root).
 """
 
 from __future__ import annotations
@@ -129,26 +130,33 @@ def render(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def latest(rows: list[dict[str, str]], commands: str, cpu: str | None = None) -> dict[str, str] | None:
+    """The newest row of the command set ``commands`` (on ``cpu``, when given), or ``None`` when there is none."""
+    ours = [row for row in rows if row["commands"] == commands and cpu in (None, row["cpu"])]
+    return max(ours, key=lambda row: row["date"]) if ours else None
+
+
 def readme_sentence(rows: list[dict[str, str]]) -> str:
     """The README's sentence: the latest measurement of the README's order (:data:`COMMANDS`), one time per command,
     then the test command alone (:data:`ALONE`) on the same CPU when measured.
 
     Raises ``ValueError`` when the data holds no row of that command set."""
-    ours = [row for row in rows if row["commands"] == COMMANDS]
-    if not ours:
+    row = latest(rows, COMMANDS)
+    if row is None:
         raise ValueError(f"{DATA.name} has no row of {COMMANDS!r}: measure one with --commit HEAD")
-    row = max(ours, key=lambda row: row["date"])
-    note = f"; {row['note']}" if row["note"] else ""
     sentence = (f"Measured on a {row['cores']}-core {row['cpu']}, `book.sh` then `test.sh` in one fresh clone (commit "
                 f"`{row['commit']}`, {row['date']}): `book.sh` **{minutes(row['book_s'])}**, `test.sh` "
-                f"**{minutes(row['test_s'])}** ({row['tests']}{note}).")
-    alone = [other for other in rows if other["commands"] == ALONE and other["cpu"] == row["cpu"]]
-    if alone:
-        other = max(alone, key=lambda other: other["date"])
-        note = f"; {other['note']}" if other["note"] else ""
-        sentence += (f" `test.sh` alone in a fresh clone, as CI runs it (commit `{other['commit']}`, {other['date']}): "
-                     f"**{minutes(other['test_s'])}** ({other['tests']}{note}).")
+                f"**{minutes(row['test_s'])}** ({_counts(row)}).")
+    alone = latest(rows, ALONE, row["cpu"])
+    if alone is not None:
+        sentence += (f" `test.sh` alone in a fresh clone, as CI runs it (commit `{alone['commit']}`, {alone['date']}): "
+                     f"**{minutes(alone['test_s'])}** ({_counts(alone)}).")
     return sentence
+
+
+def _counts(row: dict[str, str]) -> str:
+    """A row's test counts, then its note when it has one."""
+    return f"{row['tests']}; {row['note']}" if row["note"] else row["tests"]
 
 
 def replace_table(page: str, table: str, start: str = START, end: str = END) -> str:
@@ -207,7 +215,8 @@ def render_readme(data: Path = DATA, readme: Path = README) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--render-only", action="store_true", help="only regenerate the table and the README's sentence from the data file")
+    parser.add_argument("--render-only", action="store_true",
+                        help="only regenerate the table and the README's sentence from the data file")
     parser.add_argument("--alone", action="store_true", help="measure the test command alone, as CI runs it")
     parser.add_argument("--commit", default="HEAD", help="the commit to measure (default: HEAD of --repo)")
     parser.add_argument("--repo", type=Path, default=ROOT, help="the repository to clone (default: this checkout)")
