@@ -1,7 +1,8 @@
 """One training run: stage A from a seed, or one extension arm from a stage-A checkpoint (``ext_from``).
 
-The loop is plain torch: AdamW, a cosine or warmup-stable-decay schedule with warm-up, gradient clipping,
-deterministic kernels on a fixed number of threads, on the CPU or (bf16 autocast) the GPU. Every checkpoint of
+The loop is plain torch: AdamW (on the CPU with a correctly rounded root, :mod:`qkplast.train.optim`), a cosine
+or warmup-stable-decay schedule with warm-up, gradient clipping, deterministic kernels on a fixed number of
+threads, on the CPU or (bf16 autocast) the GPU. Every checkpoint of
 the run's schedule becomes a branch of the seed's hub repository (:mod:`qkplast.train.hub`); the model, optimiser
 and random-number states go to ``DIR/state/`` at every checkpoint and every ``resume_every`` steps, so a killed
 run resumes from its last state to the same weights. With ``ext_from: predecay`` stage A also keeps AdamW's
@@ -24,6 +25,7 @@ from qkplast.train.config import TrainConfig, TrainConfigError
 from qkplast.train.data import TokenData, batch_windows, copy_batch, load_data, with_bos
 from qkplast.train.hub import branch_name, hub_cache, publish, repo_id, snapshot
 from qkplast.train.model import build_model, cpu_kernels, deterministic, lr_at, training_device
+from qkplast.train.optim import adamw_step
 from qkplast.train.tokenizer import checkpoint_tokenizer
 
 __all__ = ["predecay_path", "record_path", "recorded_device", "state_path", "train_arm"]
@@ -110,7 +112,10 @@ def train_arm(config: TrainConfig, out, seed: int, arm: str, report=None, device
                 loss = run.model(input_ids=x, labels=x).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), config.grad_clip)
-            run.optimizer.step()
+            if device == "cpu":  # torch's root of AdamW's second moment has CPU-specific bits; this one does not
+                adamw_step(run.optimizer)
+            else:
+                run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
             run.step += 1
             tokens_since += x.numel()

@@ -140,3 +140,21 @@ def test_smoke_under_another_parent_kernel_environment_gives_identical_weights(s
     assert smoke_refs(other, 0) == smoke_refs(out, 0)
     runs = json.loads((other / "training.json").read_text())["runs"]
     assert {r["cpu_capability"] for r in runs} == {"DEFAULT"}
+
+
+def test_every_cpu_step_takes_the_exact_root(tiny, tmp_path, monkeypatch):
+    """On the CPU the loop steps AdamW through ``qkplast.train.optim.adamw_step`` (a correctly rounded root, the
+    same bits on every CPU), once per step, and never through torch's own ``step``."""
+    from qkplast.train import loop
+    from qkplast.train.optim import adamw_step
+
+    out, _ = tiny
+    here = tmp_path / "here"
+    here.mkdir()
+    for name in ("data", "tokenizer", "config.json"):
+        os.symlink(out / name, here / name)
+    calls = []
+    monkeypatch.setattr(loop, "adamw_step", lambda optimizer: calls.append(1) or adamw_step(optimizer))
+    monkeypatch.setattr("torch.optim.AdamW.step", lambda *a, **k: pytest.fail("torch's AdamW step on the CPU"))
+    loop.train_arm(TINY, here, 0, "stageA", device="cpu")
+    assert len(calls) == TINY.steps
