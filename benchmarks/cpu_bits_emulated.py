@@ -3,7 +3,7 @@
 Stage A of a smoke-sized training (``--steps``, default 20) is trained in-process under the training worker's
 settings (``qkplast.train.model.CPU_KERNEL_ENV``, one thread) twice: natively, and under QEMU's user-mode
 emulator with another CPU model (``--cpu``, default ``Skylake-Server``: a GenuineIntel Xeon to MKL's dispatch,
-with ``rsqrtps`` and ``rcpps`` computed exactly, unlike any real processor). The script prints each checkpoint's
+with ``rsqrtps`` and ``rcpps`` computed by the emulator, not by this processor). The script prints each checkpoint's
 weight hash for both and exits 1 when they differ. ``--stock-adamw`` trains with torch's own AdamW step instead
 of :func:`qkplast.train.optim.adamw_step`, which shows what the exact root fixes::
 

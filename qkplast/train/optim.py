@@ -1,10 +1,10 @@
 """AdamW's step with a correctly rounded square root, for trainings on the CPU whose bits must not depend on it.
 
-On the CPU, ``torch.sqrt`` of a float tensor is MKL's vector-math kernel (``vsSqrt``/``vdSqrt``), which seeds its
-result with ``rsqrtps``: an approximation whose bits the instruction set leaves to each processor, so Intel and
+On the CPU, ``torch.sqrt`` of a float tensor is MKL's vector-math kernel; its float32 one (``vsSqrt``) seeds the
+result with ``rsqrtps``, an approximation whose bits the instruction set leaves to each processor, so Intel and
 AMD CPUs may round a root differently, whatever ``MKL_CBWR`` says. Stock AdamW takes that root of its second moment
-at every step. Run under an emulated CPU (QEMU, whose ``rsqrtps`` is exact) on the same machine, a smoke training
-gave other weights from its second step; with :func:`exact_sqrt` in the step it gave the same bits
+at every step. Run under an emulated CPU (QEMU, whose ``rsqrtps`` is not the processor's) on the same machine, a
+smoke training gave other weights from its second step; with :func:`exact_sqrt` in the step it gave the same bits
 (``book/reference.md``, "Training the miniature"). The step here is torch's AdamW (decoupled weight decay,
 Loshchilov & Hutter 2019), line for line, with that one root replaced; the optimiser object, its state and its
 ``state_dict`` stay torch's, so resume states and the arms' pre-decay state load as before.
