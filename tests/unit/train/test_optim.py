@@ -54,10 +54,15 @@ def _adamw(params):
                              lr=3e-3, betas=(0.9, 0.95), eps=1e-8)
 
 
-def _train(step, seed=0, steps=6):
+def _train(step, seed=0, steps=6, resume_at=None):
+    """``steps`` AdamW steps on random gradients; at step ``resume_at`` the optimiser is rebuilt from its
+    state_dict, as a resumed training rebuilds it."""
     params, g = _two_groups(seed)
     opt = _adamw(params)
     for i in range(steps):
+        if i == resume_at:
+            saved, opt = opt.state_dict(), _adamw(params)
+            opt.load_state_dict(saved)
         for p in params:
             p.grad = torch.randn(p.shape, generator=g) * (0.0 if i == 2 else 1.0)  # one step of zero gradients
         if i == 3:
@@ -92,24 +97,9 @@ def test_unpatched_torch_differs_in_bits_but_not_in_substance():
 
 def test_a_resumed_optimiser_continues_to_the_same_bits():
     """A state_dict saved after three steps and loaded into a fresh AdamW continues as the uninterrupted one."""
-    whole, _ = _train(adamw_step, steps=6)
-    params, g = _two_groups(0)
-    opt = _adamw(params)
-    grads = [[torch.randn(p.shape, generator=g) * (0.0 if i == 2 else 1.0) for p in params] for i in range(6)]
-    for i in range(3):
-        for p, grad in zip(params, grads[i]):
-            p.grad = grad
-        adamw_step(opt)
-    saved = opt.state_dict()
-    again = _adamw(params)
-    again.load_state_dict(saved)
-    for i in range(3, 6):
-        for p, grad in zip(params, grads[i]):
-            p.grad = grad
-        if i == 3:
-            again.param_groups[0]["lr"] = 1e-3
-        adamw_step(again)
-    for a, b in zip(whole, params):
+    whole, _ = _train(adamw_step)
+    resumed, _ = _train(adamw_step, resume_at=3)
+    for a, b in zip(whole, resumed):
         assert torch.equal(a, b)
 
 
