@@ -31,7 +31,7 @@
 
 # %% tags=["parameters"]
 run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
-n_boot = 1000  # bootstrap replicates over documents (>= 1000 for 95% percentile and BCa end points) for the interval of the mean bias strength
+n_boot = 1000  # bootstrap replicates over documents for the interval of the mean bias strength (at least 1000 for 95% percentile and BCa end points)
 study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
 # %%

@@ -31,7 +31,7 @@
 
 # %% tags=["parameters"]
 run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; its manifest holds the capture and analysis settings
-n_boot = 1000  # bootstrap replicates over documents (>= 1000 for 95% percentile and BCa end points) for the intervals of the aggregates
+n_boot = 1000  # bootstrap replicates over documents for the intervals of the aggregates (at least 1000 for 95% percentile and BCa end points)
 code_corpus = "stdlib-code"  # the same analysis on code: the standard library's own source
 study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 

@@ -48,6 +48,25 @@ def test_every_notebook_is_paired_and_has_a_first_parameters_cell():
         )
 
 
+def test_papermill_reads_every_declared_parameter(caplog):
+    """papermill parses a parameters cell line by line with its own pattern, which gives up on a line whose comment
+    holds an ``=`` (``# (>= 1000 ...)``): it then logs "Unable to parse line" on every run and "Passed unknown
+    parameter" whenever ``-p`` sets that name, although the value is still injected. Every name qkplast declares is
+    one papermill reads too, and no line is left unparsed."""
+    import logging
+
+    from papermill.translators import PythonTranslator
+
+    for py in NOTEBOOKS:
+        cell = next(c for c in nbformat.read(py.with_suffix(".ipynb"), 4).cells
+                    if "parameters" in c.metadata.get("tags", []))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="papermill"):
+            read = {p.name for p in PythonTranslator.inspect(cell)}
+        assert read == set(params.declared_parameters(py.with_suffix(".ipynb"))), py.name
+        assert "Unable to parse" not in caplog.text, f"{py.name}: {caplog.text.strip()} (no '=' in its comment)"
+
+
 def test_notebook_parameters_hold_no_capture_or_analysis_settings():
     """The settings live in the run's manifest: a parameters cell holds run_dir and the page's own values."""
     from dataclasses import fields
