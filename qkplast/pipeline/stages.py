@@ -233,12 +233,19 @@ def _kernel_config():
     return config
 
 
+def _log_line(text: str) -> None:
+    """One line to stderr in a single write: with ``jobs > 1`` the notebooks' threads log at once, and ``print``
+    writes the text and its newline separately, so two labels could share a line in the log."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: bool, label: str | None) -> dict:
     """Execute one notebook with papermill; its manifest entry (status, seconds or the failing cell)."""
     import papermill as pm
 
     if label:
-        print(label, file=sys.stderr, flush=True)
+        _log_line(label)
     t0 = time.perf_counter()
     try:
         # papermill's bar over cells only on a terminal: in a log file its redraws would be one line each
@@ -249,7 +256,7 @@ def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: b
         return {"name": path.name, "status": "failed", "cell": exc.exec_count, "error": f"{exc.ename}: {exc.evalue}"}
     seconds = round(time.perf_counter() - t0, 2)
     if label:
-        print(f"{label} done in {seconds:.0f} s", file=sys.stderr, flush=True)
+        _log_line(f"{label} done in {seconds:.0f} s")
     return {"name": path.name, "status": "ok", "seconds": seconds, "source": _source_digest(path),
             "parameters": nb_params}
 

@@ -195,3 +195,35 @@ def test_the_notebooks_load_the_model_with_the_recorded_tokenizer(tmp_path, monk
     assert seen == ["owner/base@main"]
     loads = {p.name for p in NOTEBOOKS if re.search(r"load_model|from_pretrained", p.read_text())}
     assert not loads, f"{sorted(loads)} load a model other than through load_for(run.options)"
+
+
+def test_notebooks_run_at_once_log_whole_lines(tmp_path, monkeypatch):
+    """With ``jobs=2`` two threads log their notebooks' labels at the same moment: each line is one write, so two
+    labels never share a line of the log (``print`` writes the text and its newline separately)."""
+    import sys
+    import threading
+
+    import papermill
+
+    both = threading.Barrier(2, timeout=10)
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: both.wait())
+
+    class Recorder:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    err = Recorder()
+    monkeypatch.setattr(sys, "stderr", err)
+    paths = [NOTEBOOKS[0].with_suffix(".ipynb"), NOTEBOOKS[2].with_suffix(".ipynb")]
+    manifest = {"notebooks": [], "timings_s": {}}
+    stages.notebook_stage(tmp_path, manifest, {}, paths, jobs=2)
+    assert [e["status"] for e in manifest["notebooks"]] == ["ok", "ok"]
+    assert all(w.endswith("\n") and w.count("\n") == 1 for w in err.writes), err.writes
+    lines = "".join(err.writes).splitlines()
+    assert len(lines) == 4 and all(line.startswith("[qkplast run] notebook ") for line in lines), lines
