@@ -22,7 +22,7 @@ from qkplast.pipeline.cli_capture import add_capture_flags, add_capture_parser, 
 from qkplast.pipeline.cli_study import add_study_parser
 from qkplast.pipeline.cli_train import add_train_parser
 from qkplast.pipeline.flags import add_option_flags, given_options
-from qkplast.rundir.products import STAGES
+from qkplast.rundir.study_file import STAGES
 
 
 class _Parser(argparse.ArgumentParser):

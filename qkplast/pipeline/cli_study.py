@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from qkplast.rundir.products import STAGES
+from qkplast.rundir.study_file import STAGES
 
 __all__ = ["add_study_parser", "cmd_study"]
 

@@ -6,10 +6,22 @@ calls; :func:`cached` is the one cache every product goes through); :mod:`~qkpla
 parses a study file into run specs without submitting anything.
 """
 
-from qkplast.rundir.products import (STAGES, Run, RunError, cached, chapter_run, checkpoint_dir, checkpoint_metrics, load_or_analyze,
-                                      load_or_bootstrap, load_or_capture, load_run, open_metrics, run_settings)
-from qkplast.rundir.study_file import RunSpec, Study, StudyError, load_study, parse_study
+from qkplast.rundir.study_file import STAGES, RunSpec, Study, StudyError, load_study, parse_study
 
 __all__ = ["STAGES", "Run", "RunError", "RunSpec", "Study", "StudyError", "cached", "chapter_run", "checkpoint_dir",
            "checkpoint_metrics", "load_or_analyze", "load_or_bootstrap", "load_or_capture", "load_run", "load_study",
            "open_metrics", "parse_study", "run_settings"]
+
+
+def __getattr__(name: str):
+    """The names of :mod:`~qkplast.rundir.products`, imported on first use (PEP 562): it imports xarray, which
+    the command line's parsers and ``qkplast study --status`` (reading study files and JSON) never need."""
+    if name in __all__:
+        from qkplast.rundir import products
+
+        return getattr(products, name)
+    raise AttributeError(f"module 'qkplast.rundir' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -34,6 +34,7 @@ import xarray as xr
 from qkplast.errors import QkplastError
 from qkplast.capture_format import open_capture, open_dataset, save_dataset
 from qkplast.options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, typed_option
+from qkplast.rundir.study_file import STAGES
 
 __all__ = ["CHECKPOINTS_DIR", "CODE_DIR", "MANIFEST", "STAGES", "Run", "RunError", "cached", "capture_differences",
            "chapter_run", "check_same_capture", "checkpoint_dir", "checkpoint_metrics", "checkpoint_slug",
@@ -42,8 +43,6 @@ __all__ = ["CHECKPOINTS_DIR", "CODE_DIR", "MANIFEST", "STAGES", "Run", "RunError
            "run_settings", "write_manifest"]
 
 MANIFEST = "manifest.json"
-#: The products of a run in the order ``qkplast run`` makes them; a run (or a study's job) stops after one.
-STAGES = ("capture", "analyze", "notebooks")
 #: Sub-directory of a run that holds the code capture (notebook 09).
 CODE_DIR = "code"
 #: Sub-directory of a run that holds one run directory per checkpoint (notebook 10).

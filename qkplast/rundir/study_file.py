@@ -30,10 +30,13 @@ from pathlib import Path
 
 from qkplast.errors import QkplastError
 from qkplast.options import AnalysisOptions, CaptureOptions, split_revision
-from qkplast.rundir.products import STAGES
 
 #: run directory files written by the study machinery
 DONE, STATE, ATTEMPTS = "study-done.json", "study-state.json", "study-attempts.jsonl"
+#: The products of a run in the order ``qkplast run`` makes them; a run (or a study's job) stops after one. Defined
+#: here, in the module that imports neither numpy nor xarray, so that the command line's parsers read it cheaply;
+#: :mod:`~qkplast.rundir.products` re-exports it.
+STAGES = ("capture", "analyze", "notebooks")
 STUDY_JSON = "study.json"
 
 CAPTURE_FIELDS = tuple(f.name for f in fields(CaptureOptions))
