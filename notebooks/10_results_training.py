@@ -170,18 +170,19 @@ else:
 # full run in float16. The next cell rebuilds the training data from the pinned corpora, measures those
 # checkpoints again at both windows with the committed settings on this machine's CPU
 # (`qkplast.train.shipped.recapture`), and sets each difference beside the spread of the same quantity over the
-# seeds. Two things can move a value: the float16 rounding of the shipped weights and the order in which the
+# seeds. The measurement is kept in qkplast's cache (`load_or_recapture`) under a hash of everything it depends
+# on (the archive, the corpora, the settings, qkplast's code, the libraries' versions, the CPU and its threads):
+# a later build on the same machine reads it back instead of repeating the same numbers, and anything else
+# measures again. Two things can move a value: the float16 rounding of the shipped weights and the order in which the
 # GPU's and the CPU's float32 kernels sum. The tolerance is a twentieth of the seeds' standard deviation at the
 # same checkpoint: a difference below it cannot move a reading whose unit is the seed.
 
 # %% tags=["nbval-ignore-output"]
 if full is not None:
-    import tempfile
+    from qkplast.train.shipped import TOLERANCE, load_or_recapture, recapture_note
 
-    from qkplast.train.shipped import TOLERANCE, recapture
-
-    with tempfile.TemporaryDirectory() as scratch:
-        again = recapture(full, scratch)
+    again = load_or_recapture(full)  # measured once per machine, code and library versions; then read back
+    print(recapture_note(again))
     worst = again.loc[again.relative_to_sd.idxmax()]
     print(f"{again.branch.nunique()} checkpoints x {again.window_kind.nunique()} windows x "
           f"{again.quantity.nunique()} quantities recaptured; largest |difference| {again.difference.abs().max():.1e}, "

@@ -15,8 +15,12 @@ readings are about.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tarfile
 import tempfile
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +29,10 @@ import pandas as pd
 from qkplast.train.data import prepare_data
 from qkplast.train.evaluate import MeasureSettings, decisive_steps, measure_checkpoint, window_kinds
 from qkplast.train.gates import early_checkpoint
-from qkplast.train.hub import branch_name, branches, hub_cache, publish, repo_id
+from qkplast.train.hub import _atomic_write, _sha256, branch_name, branches, hub_cache, publish, repo_id
 
-__all__ = ["COMPARED", "SHIPPED", "TOLERANCE", "pack_folders", "recapture", "shipped_branches", "unpack_shipped"]
+__all__ = ["COMPARED", "SHIPPED", "TOLERANCE", "compare_shipped", "load_or_recapture", "measure_shipped", "pack_folders",
+           "recapture", "recapture_key", "recapture_note", "shipped_branches", "unpack_shipped"]
 
 #: The shipped seed's archive in a committed full run.
 SHIPPED = "seed0-checkpoints.tar.xz"
@@ -80,6 +85,49 @@ def unpack_shipped(archive, out, seed: int = 0) -> list[str]:
     return names
 
 
+def measure_shipped(full: dict, out, settings: MeasureSettings | None = None, seed: int = 0,
+                    only: list[str] | None = None) -> pd.DataFrame:
+    """Measure the shipped checkpoints of a committed full run again: one row per (branch, window kind, quantity of
+    :data:`COMPARED`) with its ``recaptured`` value (the arguments as :func:`recapture`'s)."""
+    config = full["config"]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = settings if settings is not None else _recorded_settings(full)
+    prepare_data(config, out, progress=False)
+    names = unpack_shipped(Path(full["path"]) / SHIPPED, out, seed)
+    missing = sorted(set(only or ()) - set(names))
+    if missing:
+        raise ValueError(f"{', '.join(missing)} not shipped in {Path(full['path']) / SHIPPED}; shipped: {', '.join(names)}")
+    rows = []
+    for name in only or names:
+        for kind, window in window_kinds(config).items():
+            ours = measure_checkpoint(out, seed, name, window, settings, stage_window=config.window)
+            rows += [{"branch": name, "window_kind": kind, "quantity": q, "recaptured": float(ours[q])} for q in COMPARED]
+    return pd.DataFrame(rows)
+
+
+def compare_shipped(full: dict, measured: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """:func:`measure_shipped`'s rows beside the committed table: ``committed`` (seed ``seed``'s value),
+    ``seed_sd`` (the standard deviation over the run's seeds at the same checkpoint and window), ``difference``
+    and ``relative_to_sd`` (``|difference| / seed_sd``)."""
+    table = full["table"]
+    table = table[table.branch.isin(measured.branch.unique())]
+    long = table.melt(id_vars=["seed", "branch", "window_kind"], value_vars=list(COMPARED), var_name="quantity")
+    spread = long.groupby(["branch", "window_kind", "quantity"]).value.std(ddof=1).rename("seed_sd")
+    theirs = long[long.seed == seed].set_index(["branch", "window_kind", "quantity"]).value.rename("committed")
+    result = measured.join(theirs, on=["branch", "window_kind", "quantity"]).join(
+        spread, on=["branch", "window_kind", "quantity"])
+    result = result[["branch", "window_kind", "quantity", "committed", "recaptured", "seed_sd"]]
+    difference = result.recaptured - result.committed
+    return result.assign(difference=difference, relative_to_sd=difference.abs() / result.seed_sd.replace(0, np.nan))
+
+
+def _recorded_settings(full: dict) -> MeasureSettings:
+    """The committed measurement settings (``full["provenance"]["measure_settings"]``), on the CPU."""
+    recorded = {k: v for k, v in full["provenance"]["measure_settings"].items() if k != "device"}
+    return MeasureSettings(**recorded)
+
+
 def recapture(full: dict, out, settings: MeasureSettings | None = None, seed: int = 0,
               only: list[str] | None = None) -> pd.DataFrame:
     """Measure the shipped checkpoints of a committed full run again and compare them with its table.
@@ -102,26 +150,155 @@ def recapture(full: dict, out, settings: MeasureSettings | None = None, seed: in
         ``difference`` and ``seed_sd``, the standard deviation of the committed value over the run's seeds at the
         same checkpoint and window.
     """
-    config, table = full["config"], full["table"]
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if settings is None:
-        recorded = {k: v for k, v in full["provenance"]["measure_settings"].items() if k != "device"}
-        settings = MeasureSettings(**recorded)
-    prepare_data(config, out, progress=False)
-    names = unpack_shipped(Path(full["path"]) / SHIPPED, out, seed)
-    missing = sorted(set(only or ()) - set(names))
-    if missing:
-        raise ValueError(f"{', '.join(missing)} not shipped in {Path(full['path']) / SHIPPED}; shipped: {', '.join(names)}")
-    rows = []
-    for name in only or names:
-        for kind, window in window_kinds(config).items():
-            ours = measure_checkpoint(out, seed, name, window, settings, stage_window=config.window)
-            same = table[(table.branch == name) & (table.window_kind == kind)]
-            theirs = same[same.seed == seed].iloc[0]
-            for q in COMPARED:
-                rows.append({"branch": name, "window_kind": kind, "quantity": q, "committed": float(theirs[q]),
-                             "recaptured": float(ours[q]), "seed_sd": float(same[q].std(ddof=1))})
-    result = pd.DataFrame(rows)
-    return result.assign(difference=result.recaptured - result.committed,
-                         relative_to_sd=(result.recaptured - result.committed).abs() / result.seed_sd.replace(0, np.nan))
+    return compare_shipped(full, measure_shipped(full, out, settings, seed, only), seed)
+
+
+#: The cache file's layout; a file of another format is measured again.
+CACHE_FORMAT = 1
+
+
+def _source_sha256() -> str:
+    """sha256 of every module of the installed qkplast (relative path and bytes, in path order): any change of the
+    code that measures gives another key."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _corpora_sha256(spec: str) -> dict | None:
+    """Each part of a training corpus by content: a pinned snapshot's recorded content hash, a local file's sha256;
+    None when a part has neither (a hub dataset): its measurement is never reused."""
+    from qkplast.capture.corpus import CorpusError, read_manifest
+    from qkplast.train.config import corpus_parts
+
+    hashes = {}
+    for part in corpus_parts(spec):
+        try:
+            hashes[part] = read_manifest(part)["content_sha256"]
+        except (CorpusError, OSError, KeyError):
+            if not Path(part).is_file():
+                return None
+            hashes[part] = _sha256(Path(part))
+    return hashes
+
+
+def _cpu() -> dict:
+    """The CPU as Linux names it (``/proc/cpuinfo``'s first processor): vendor, family, model, name and a hash of
+    its flags (the instruction sets a BLAS picks its kernels by); the platform's name elsewhere."""
+    import platform
+
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block: every core of one machine is the same kind
+                name, _, value = line.partition(":")
+                fields[name.strip()] = value.strip()
+    except OSError:
+        pass
+    cpu = {k: fields[k] for k in ("vendor_id", "cpu family", "model", "model name") if k in fields}
+    if "flags" in fields:
+        cpu["flags_sha256"] = hashlib.sha256(fields["flags"].encode()).hexdigest()[:16]
+    return cpu or {"processor": platform.processor() or platform.machine()}
+
+
+def _machine(device: str) -> dict:
+    """What decides a float32 kernel's order of summation here: the CPU, the kernels ATen dispatches to, the
+    threads; on a GPU its name."""
+    import torch
+
+    machine = {"cpu": _cpu(), "aten_capability": torch.backends.cpu.get_cpu_capability(),
+               "threads": torch.get_num_threads(), "device": device}
+    if device.startswith("cuda"):
+        machine["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return machine
+
+
+def recapture_key(full: dict, settings: MeasureSettings | None = None, seed: int = 0,
+                  only: list[str] | None = None) -> dict | None:
+    """Everything a :func:`measure_shipped` value depends on, as a JSON-able dict: the archive's and the training
+    corpora's content, the training config, the settings, ``seed`` and ``only``, qkplast's code, the numerical
+    libraries' versions and the machine (:func:`_machine`). None when a corpus has no content hash."""
+    import tokenizers
+    import torch
+    import transformers
+
+    settings = settings if settings is not None else _recorded_settings(full)
+    corpora = _corpora_sha256(full["config"].corpus)
+    if corpora is None:
+        return None
+    return {"format": CACHE_FORMAT, "archive_sha256": _sha256(Path(full["path"]) / SHIPPED),
+            "corpora": corpora, "config": full["config"].to_dict(), "settings": asdict(settings), "seed": seed,
+            "only": sorted(only) if only else None, "source_sha256": _source_sha256(),
+            "versions": {"numpy": np.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                         "tokenizers": tokenizers.__version__},
+            "machine": _machine(settings.device)}
+
+
+def _read_cached(path: Path, key: dict) -> dict | None:
+    """The cache file's record when it holds a measurement under exactly ``key``; None otherwise (missing,
+    unreadable, cut short, or another key: measured again and written over)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key or not isinstance(record.get("rows"), list):
+        return None
+    return record
+
+
+def load_or_recapture(full: dict, settings: MeasureSettings | None = None, seed: int = 0,
+                      only: list[str] | None = None, cache: Path | None = None) -> pd.DataFrame:
+    """:func:`recapture`, measured once per machine: the measurement is kept in ``cache`` under a hash of
+    :func:`recapture_key` and reused while nothing it depends on has changed.
+
+    The same archive measured by the same code and libraries on the same CPU kind, with the same threads, gives the
+    same numbers bit for bit; measuring again would only repeat them (about two minutes on two cores). Anything
+    else (another commit of qkplast, another torch, another machine, other settings) gives another key, so it is
+    measured again. A cache file that cannot be read is measured again and written over.
+
+    Parameters
+    ----------
+    cache : path, optional
+        The cache folder (None: ``recapture/`` in qkplast's cache, :func:`qkplast.capture.models.cache_dir`).
+
+    Returns
+    -------
+    DataFrame
+        :func:`recapture`'s table; ``attrs["recapture"]`` says where the measurement is kept, when it was made,
+        how long it took and whether it was ``reused``.
+    """
+    from qkplast.capture.models import cache_dir
+
+    key = recapture_key(full, settings, seed, only)
+    path = None
+    if key is not None:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+        path = Path(cache if cache is not None else cache_dir() / "recapture") / f"{digest[:24]}.json"
+    record = _read_cached(path, key) if path is not None else None
+    reused = record is not None
+    if record is None:
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as scratch:
+            measured = measure_shipped(full, scratch, settings, seed, only)
+        record = {"key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "seconds": round(time.perf_counter() - t0, 1), "rows": measured.to_dict("records")}
+        if path is not None:  # written whole, then renamed: a reader never sees half a file
+            _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
+    result = compare_shipped(full, pd.DataFrame(record["rows"]), seed)
+    result.attrs["recapture"] = {"path": str(path) if path else None, "measured_at": record["measured_at"],
+                                 "seconds": record["seconds"], "reused": reused}
+    return result
+
+
+def recapture_note(result: pd.DataFrame) -> str:
+    """One line on a :func:`load_or_recapture` table: measured now or read back, when, in how long, and where it is
+    kept."""
+    made = result.attrs["recapture"]
+    where = (f"{Path(made['path']).name} in qkplast's cache" if made["path"]
+             else "not kept: a training corpus without a content hash")
+    verb = "read back: measured" if made["reused"] else "measured"
+    return f"{verb} on this machine at {made['measured_at']} in {made['seconds']:.0f} s ({where})"
