@@ -78,6 +78,8 @@ __all__ = [
     "iter_windows",
     "describe_policy",
     "count_windows",
+    "token_lengths",
+    "windows_of_lengths",
     "python_docs_root",
     "PINNED_CORPORA",
     "snapshot_dir",
@@ -775,19 +777,56 @@ def shortfall(corpus, tokenizer, options, found: int, stats: WindowStats) -> Cor
 
 def _fill_hint(spec: str, tokenizer, options, wanted: int) -> str:
     """Which offline corpus (and policy) fills ``wanted`` windows for these options, checked by counting."""
-    from dataclasses import replace
-
     generic = (f"pass longer documents (--corpus FILE.jsonl or hf:NAME), fewer --docs, or a shorter --seq-len "
                f"than {options.seq_len}")
     try:
         docs = open_corpus("python-docs")
     except CorpusError as exc:
         return generic + f" (the long-document corpus python-docs cannot be read here: {exc})"
-    for policy in ("skip", "concat"):
-        if spec == "python-docs" and policy == options.short_docs:
-            continue
-        trial = replace(options, short_docs=policy)
-        if count_windows(docs, tokenizer, trial, strict=False) >= wanted:
+    policies = [p for p in ("skip", "concat") if not (spec == "python-docs" and p == options.short_docs)]
+    if tokenizer.eos_token_id is None:
+        policies = [p for p in policies if p != "concat"]  # iter_windows refuses to concatenate without a separator
+    room = options.seq_len - len(prefix_tokens(tokenizer))
+    lengths = np.zeros(0, dtype=np.int64)  # [document read]: one tokenization serves every policy
+    for batch in _length_batches(docs, tokenizer):
+        lengths = np.concatenate([lengths, batch])
+        if policies and windows_of_lengths(lengths, room, policies[0]) >= wanted:
+            break  # the first policy named fills them: the rest of the corpus cannot change the hint
+    for policy in policies:
+        if windows_of_lengths(lengths, room, policy) >= wanted:
             how = "single documents" if policy == "skip" else "short documents concatenated"
             return f"--corpus python-docs --short-docs {policy} fills them ({how})"
     return "no offline corpus here holds that many; " + generic
+
+
+def _length_batches(documents: Iterable[Document], tokenizer, batch: int = 32) -> Iterator[np.ndarray]:
+    """:func:`token_lengths` a batch at a time, ``[batch]`` each: 1, 2, 4, ... documents up to ``batch``, so a caller
+    that stops after a few documents has tokenized few more."""
+    documents, size = iter(documents), 1
+    while texts := [doc.text if doc.text.strip() else "" for doc in itertools.islice(documents, size)]:
+        yield np.asarray([len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]], dtype=np.int64)
+        size = min(2 * size, batch)
+
+
+def token_lengths(documents: Iterable[Document], tokenizer, batch: int = 32) -> np.ndarray:
+    """Tokens of each document as :func:`iter_windows` encodes it (0 for a document with no text), ``[document]``.
+
+    Documents are encoded up to ``batch`` at a time and only their lengths kept, so a whole corpus is measured in
+    the memory of one batch."""
+    return np.concatenate([np.zeros(0, dtype=np.int64), *_length_batches(documents, tokenizer, batch)])
+
+
+def windows_of_lengths(lengths: np.ndarray, room: int, short_docs: str) -> int:
+    """The windows :func:`iter_windows` cuts from documents of these token ``lengths`` when ``room`` tokens of a
+    window follow the tokenizer's prefix: one per document of ``room`` tokens or more; under ``"concat"`` also one
+    each time the shorter ones, in corpus order with one separator between them, reach ``room``."""
+    lengths = np.asarray(lengths, dtype=np.int64)  # [document]
+    windows = int((lengths >= room).sum())
+    if short_docs == "skip":
+        return windows
+    pending = 0  # tokens waiting for the next concatenated window; the cumulative sum restarts at each window
+    for length in lengths[(lengths > 0) & (lengths < room)].tolist():
+        pending = length if pending == 0 else pending + 1 + length
+        if pending >= room:
+            windows, pending = windows + 1, 0
+    return windows

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from qkplast.train.config import TrainConfigError
 
-__all__ = ["OWNER", "branch_name", "branches", "hub_cache", "publish", "repo_id", "snapshot"]
+__all__ = ["OWNER", "atomic_write", "branch_name", "branches", "file_sha256", "hub_cache", "publish", "repo_id",
+           "snapshot"]
 
 OWNER = "qkplast"
 
@@ -48,11 +49,12 @@ def _repo_dir(cache: Path, repo: str) -> Path:
     return Path(cache) / f"models--{repo.replace('/', '--')}"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, in hex."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     """``write(tmp)`` then rename onto ``path``: readers see the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -68,7 +70,7 @@ def _atomic_write(path: Path, write) -> None:
 def publish(folder: Path, cache: Path, repo: str, branch: str) -> str:
     """Add the files of checkpoint directory ``folder`` to ``cache`` as ``repo`` at ``branch``; return the commit."""
     root = _repo_dir(cache, repo)
-    files = {p.relative_to(folder).as_posix(): _sha256(p) for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+    files = {p.relative_to(folder).as_posix(): file_sha256(p) for p in sorted(Path(folder).rglob("*")) if p.is_file()}
     digest = hashlib.sha1()
     for name in sorted(files):
         digest.update(f"{name}\0{files[name]}\n".encode())
@@ -76,7 +78,7 @@ def publish(folder: Path, cache: Path, repo: str, branch: str) -> str:
     for name, sha in files.items():
         blob = root / "blobs" / sha
         if not blob.exists():
-            _atomic_write(blob, lambda tmp, src=Path(folder) / name: shutil.copyfile(src, tmp))
+            atomic_write(blob, lambda tmp, src=Path(folder) / name: shutil.copyfile(src, tmp))
         link = root / "snapshots" / commit / name
         target = os.path.relpath(blob, link.parent)  # relative, as huggingface_hub writes them
 
@@ -84,8 +86,8 @@ def publish(folder: Path, cache: Path, repo: str, branch: str) -> str:
             tmp.unlink()
             os.symlink(target, tmp)
 
-        _atomic_write(link, make_link)
-    _atomic_write(root / "refs" / branch, lambda tmp: tmp.write_text(commit))
+        atomic_write(link, make_link)
+    atomic_write(root / "refs" / branch, lambda tmp: tmp.write_text(commit))
     return commit
 
 

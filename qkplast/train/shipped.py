@@ -29,7 +29,7 @@ import pandas as pd
 from qkplast.train.data import prepare_data
 from qkplast.train.evaluate import MeasureSettings, decisive_steps, measure_checkpoint, window_kinds
 from qkplast.train.gates import early_checkpoint
-from qkplast.train.hub import _atomic_write, _sha256, branch_name, branches, hub_cache, publish, repo_id
+from qkplast.train.hub import atomic_write, branch_name, branches, file_sha256, hub_cache, publish, repo_id
 
 __all__ = ["COMPARED", "SHIPPED", "TOLERANCE", "compare_shipped", "load_or_recapture", "measure_shipped", "pack_folders",
            "recapture", "recapture_key", "recapture_note", "shipped_branches", "unpack_shipped"]
@@ -180,7 +180,7 @@ def _corpora_sha256(spec: str) -> dict | None:
         except (CorpusError, OSError, KeyError):
             if not Path(part).is_file():
                 return None
-            hashes[part] = _sha256(Path(part))
+            hashes[part] = file_sha256(Path(part))
     return hashes
 
 
@@ -230,7 +230,7 @@ def recapture_key(full: dict, settings: MeasureSettings | None = None, seed: int
     corpora = _corpora_sha256(full["config"].corpus)
     if corpora is None:
         return None
-    return {"format": CACHE_FORMAT, "archive_sha256": _sha256(Path(full["path"]) / SHIPPED),
+    return {"format": CACHE_FORMAT, "archive_sha256": file_sha256(Path(full["path"]) / SHIPPED),
             "corpora": corpora, "config": full["config"].to_dict(), "settings": asdict(settings), "seed": seed,
             "only": sorted(only) if only else None, "source_sha256": _source_sha256(),
             "versions": {"numpy": np.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
@@ -287,7 +287,7 @@ def load_or_recapture(full: dict, settings: MeasureSettings | None = None, seed:
         record = {"key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "seconds": round(time.perf_counter() - t0, 1), "rows": measured.to_dict("records")}
         if path is not None:  # written whole, then renamed: a reader never sees half a file
-            _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
+            atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
     result = compare_shipped(full, pd.DataFrame(record["rows"]), seed)
     result.attrs["recapture"] = {"path": str(path) if path else None, "measured_at": record["measured_at"],
                                  "seconds": record["seconds"], "reused": reused}

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from qkplast.capture.corpus import CorpusError, Document, WindowStats, count_windows, iter_windows, open_corpus
+from qkplast.capture.corpus import (CorpusError, Document, WindowStats, count_windows, iter_windows, open_corpus,
+                                    prefix_tokens, token_lengths, windows_of_lengths)
 from tests.helpers import tiny_tokenizer
 
 
@@ -248,6 +249,23 @@ def test_count_windows_error_names_a_corpus_that_fills_them(tokenizer):
     assert "corpus 'pydoc-topics' yields" in message and "--corpus python-docs --short-docs skip fills them" in message
     assert count_windows(open_corpus("python-docs"), tokenizer, CaptureOptions(**{**opts.to_dict(),
                                                                                   "corpus": "python-docs"})) == 3
+
+
+@pytest.mark.parametrize("seq_len", [17, 64, 256, 1000])
+def test_windows_counted_from_lengths_are_the_windows_iter_windows_cuts(tokenizer, seq_len):
+    """The fill hint counts from token lengths alone: on documents of every kind of length (empty, blank, short,
+    exactly a window, long) in a drawn order, the count equals what iter_windows yields under both policies."""
+    rng = np.random.default_rng(seq_len)
+    words = [len(w) for w in ("", "   ", "x", "alpha beta")] + list(rng.integers(1, 400, size=60))
+    docs = [Document(f"d{i}", "" if n == 0 else " " * 3 if n == 3 else "alpha beta gamma " * int(n))
+            for i, n in enumerate(rng.permutation(words))]
+    lengths = token_lengths(docs, tokenizer, batch=7)  # a batch that does not divide the documents
+    assert lengths.tolist() == [len(tokenizer(d.text, add_special_tokens=False)["input_ids"]) if d.text.strip() else 0
+                                for d in docs]
+    room = seq_len - len(prefix_tokens(tokenizer))
+    for policy in ("skip", "concat"):
+        cut = len(list(iter_windows(docs, tokenizer, seq_len, short_docs=policy)))
+        assert windows_of_lengths(lengths, room, policy) == cut > 0, policy
 
 
 def test_count_windows_needs_a_resolved_seq_len(tokenizer):
