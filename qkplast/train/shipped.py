@@ -20,6 +20,7 @@ import json
 import tarfile
 import tempfile
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -268,13 +269,14 @@ def load_or_recapture(full: dict, settings: MeasureSettings | None = None, seed:
     Returns
     -------
     DataFrame
-        :func:`recapture`'s table; ``attrs["recapture"]`` says where the measurement is kept, when it was made,
-        how long it took and whether it was ``reused``.
+        :func:`recapture`'s table; ``attrs["recapture"]`` says where the measurement is kept (or why it is
+        ``not_kept``: a corpus without a content hash, a cache that cannot be written, with a warning), when it was
+        made, how long it took and whether it was ``reused``.
     """
     from qkplast.capture.models import cache_dir
 
     key = recapture_key(full, settings, seed, only)
-    path = None
+    path, reason = None, "a training corpus without a content hash"
     if key is not None:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
         path = Path(cache if cache is not None else cache_dir() / "recapture") / f"{digest[:24]}.json"
@@ -286,11 +288,15 @@ def load_or_recapture(full: dict, settings: MeasureSettings | None = None, seed:
             measured = measure_shipped(full, scratch, settings, seed, only)
         record = {"key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "seconds": round(time.perf_counter() - t0, 1), "rows": measured.to_dict("records")}
-        if path is not None:  # written whole, then renamed: a reader never sees half a file
-            atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
+        try:  # written whole, then renamed: a reader never sees half a file
+            if path is not None:
+                atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
+        except OSError as exc:  # a cache that cannot be written costs the next build a measurement, not this one
+            path, reason = None, f"{path.parent} cannot be written ({exc.strerror or exc}; set QKPLAST_CACHE)"
+            warnings.warn(f"the recapture is not kept: {reason}", stacklevel=2)
     result = compare_shipped(full, pd.DataFrame(record["rows"]), seed)
     result.attrs["recapture"] = {"path": str(path) if path else None, "measured_at": record["measured_at"],
-                                 "seconds": record["seconds"], "reused": reused}
+                                 "seconds": record["seconds"], "reused": reused, "not_kept": None if path else reason}
     return result
 
 
@@ -298,7 +304,6 @@ def recapture_note(result: pd.DataFrame) -> str:
     """One line on a :func:`load_or_recapture` table: measured now or read back, when, in how long, and where it is
     kept."""
     made = result.attrs["recapture"]
-    where = (f"{Path(made['path']).name} in qkplast's cache" if made["path"]
-             else "not kept: a training corpus without a content hash")
+    where = f"{Path(made['path']).name} in qkplast's cache" if made["path"] else f"not kept: {made['not_kept']}"
     verb = "read back: measured" if made["reused"] else "measured"
     return f"{verb} on this machine at {made['measured_at']} in {made['seconds']:.0f} s ({where})"

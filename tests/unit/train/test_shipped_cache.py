@@ -140,3 +140,13 @@ def test_a_local_corpus_file_is_keyed_by_its_content(full, tmp_path):
     before = recapture_key(local)["corpora"]
     corpus.write_text('{"id": "a", "text": "two"}\n')
     assert recapture_key(local)["corpora"] != before
+
+
+def test_a_cache_that_cannot_be_written_warns_and_still_returns_the_measurement(full, planted, tmp_path, monkeypatch):
+    calls, _ = planted
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("QKPLAST_CACHE", str(tmp_path / "a-file" / "cache"))  # under a file: no folder can be made
+    with pytest.warns(UserWarning, match="not kept: .*a-file.* cannot be written"):
+        result = load_or_recapture(full)
+    assert len(calls) == 1 and len(result) and result.attrs["recapture"]["path"] is None
+    assert "QKPLAST_CACHE" in recapture_note(result) and np.isfinite(result.relative_to_sd).all()
