@@ -53,13 +53,16 @@ def test_the_full_run_command_exports_what_chapter_10_reads(tmp_path):
     done = subprocess.run([sys.executable, "-m", "papermill", "--cwd", str(ROOT / "notebooks"), "--kernel", "python3",
                            "--no-progress-bar", str(ROOT / "notebooks" / "10_results_training.ipynb"), str(executed),
                            "-p", "full_run", str(export), "-p", "run_dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env={**env, "QKPLAST_CACHE": str(tmp_path / "cache")},
+                          timeout=600)  # a cache of its own: the export is measured here, never read back
     assert done.returncode == 0, done.stderr[-3000:]
     text = executed.read_text()
     assert "the committed full run" in text and "seeds that pass every registered gate" in text
     # the shipped checkpoints recaptured on this CPU (their tolerance is checked on the committed run, in
     # tests/integration/train/test_shipped.py: two untrained seeds of the rehearsal barely differ from each other)
     assert "checkpoints x 2 windows x 8 quantities recaptured" in text
+    assert "measured on this machine" in text and "read back: measured" not in text
+    assert len(list((tmp_path / "cache" / "recapture").glob("*.json"))) == 1  # kept for the next build
     assert not (tmp_path / "run").exists()  # the full run is read, nothing trained
 
 
