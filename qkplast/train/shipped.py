@@ -275,6 +275,7 @@ def load_or_recapture(full: dict, settings: MeasureSettings | None = None, seed:
     """
     from qkplast.capture.models import cache_dir
 
+    settings = settings if settings is not None else _recorded_settings(full)  # resolved once: key and measurement
     key = recapture_key(full, settings, seed, only)
     path, reason = None, "a training corpus without a content hash"
     if key is not None:
