@@ -32,8 +32,9 @@ from qkplast.train.evaluate import MeasureSettings, decisive_steps, measure_chec
 from qkplast.train.gates import early_checkpoint
 from qkplast.train.hub import atomic_write, branch_name, branches, file_sha256, hub_cache, publish, repo_id
 
-__all__ = ["COMPARED", "SHIPPED", "TOLERANCE", "compare_shipped", "load_or_recapture", "measure_shipped", "pack_folders",
-           "recapture", "recapture_key", "recapture_note", "shipped_branches", "unpack_shipped"]
+__all__ = ["COMPARED", "KEEP_RECAPTURES", "SHIPPED", "TOLERANCE", "compare_shipped", "load_or_recapture",
+           "measure_shipped", "pack_folders", "recapture", "recapture_key", "recapture_note", "shipped_branches",
+           "unpack_shipped"]
 
 #: The shipped seed's archive in a committed full run.
 SHIPPED = "seed0-checkpoints.tar.xz"
@@ -41,6 +42,10 @@ SHIPPED = "seed0-checkpoints.tar.xz"
 #: The largest recaptured difference allowed, in units of the seeds' standard deviation at the same checkpoint:
 #: a difference below a twentieth of the variation the readings are about cannot move a reading.
 TOLERANCE = 0.05
+
+#: Recapture files kept in the cache folder, newest first: one per version of qkplast's code (about 14 KB each) on
+#: this machine, so a checkout that moves between commits keeps its recent measurements and the folder stays small.
+KEEP_RECAPTURES = 8
 
 #: The quantities compared: what the gates and the readings read.
 COMPARED = ("loss", "in_context_gain", "copy_loss", "sink_ratio", "abs_bias_strength", "abs_alpha_k", "ap_first20",
@@ -251,6 +256,28 @@ def _read_cached(path: Path, key: dict) -> dict | None:
     return record
 
 
+def _prune(folder: Path, kept: Path, newest: int = KEEP_RECAPTURES) -> list[Path]:
+    """Remove all but the ``newest`` recapture files of ``folder`` (by modification time; ``kept`` always stays);
+    return the removed. Another process's half-written file (a hidden temporary) is never touched, and a file
+    another process removes first is skipped: a reader that loses its file measures again."""
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return float("inf")  # gone already: nothing to remove
+
+    files = sorted((p for p in folder.glob("*.json") if not p.name.startswith(".") and p != kept), key=mtime,
+                   reverse=True)
+    removed = []
+    for old in files[max(newest - 1, 0):]:
+        try:
+            old.unlink()
+            removed.append(old)
+        except OSError:
+            pass
+    return removed
+
+
 def load_or_recapture(full: dict, settings: MeasureSettings | None = None, seed: int = 0,
                       only: list[str] | None = None, cache: Path | None = None) -> pd.DataFrame:
     """:func:`recapture`, measured once per machine: the measurement is kept in ``cache`` under a hash of
@@ -259,7 +286,8 @@ def load_or_recapture(full: dict, settings: MeasureSettings | None = None, seed:
     The same archive measured by the same code and libraries on the same CPU kind, with the same threads, gives the
     same numbers bit for bit; measuring again would only repeat them (about two minutes on two cores). Anything
     else (another commit of qkplast, another torch, another machine, other settings) gives another key, so it is
-    measured again. A cache file that cannot be read is measured again and written over.
+    measured again. A cache file that cannot be read is measured again and written over. The folder keeps the
+    ``KEEP_RECAPTURES`` newest measurements.
 
     Parameters
     ----------
@@ -292,6 +320,7 @@ def load_or_recapture(full: dict, settings: MeasureSettings | None = None, seed:
         try:  # written whole, then renamed: a reader never sees half a file
             if path is not None:
                 atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
+                _prune(path.parent, path)
         except OSError as exc:  # a cache that cannot be written costs the next build a measurement, not this one
             path, reason = None, f"{path.parent} cannot be written ({exc.strerror or exc}; set QKPLAST_CACHE)"
             warnings.warn(f"the recapture is not kept: {reason}", stacklevel=2)

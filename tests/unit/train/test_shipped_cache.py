@@ -3,6 +3,7 @@ depends on, read back while nothing changed, and measured again when anything di
 replaced by planted rows here; tests/integration/train/test_shipped.py measures for real)."""
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -150,3 +151,44 @@ def test_a_cache_that_cannot_be_written_warns_and_still_returns_the_measurement(
         result = load_or_recapture(full)
     assert len(calls) == 1 and len(result) and result.attrs["recapture"]["path"] is None
     assert "QKPLAST_CACHE" in recapture_note(result) and np.isfinite(result.relative_to_sd).all()
+
+
+def test_the_folder_keeps_the_newest_measurements_and_never_a_half_written_file(full, planted, tmp_path):
+    calls, _ = planted
+    folder = tmp_path / "cache" / "recapture"
+    folder.mkdir(parents=True)
+    old = [folder / f"{i:024x}.json" for i in range(shipped.KEEP_RECAPTURES + 3)]  # other commits' measurements
+    for age, path in enumerate(old):
+        path.write_text("{}")
+        stamp = 1_700_000_000 + 60 * age  # old[0] the oldest
+        os.utime(path, (stamp, stamp))
+    writing = folder / ".abc.json.x1y2"  # another process's temporary, half written
+    writing.write_text("{")
+    other = folder / "notes.txt"
+    other.write_text("not a measurement")
+    made = load_or_recapture(full).attrs["recapture"]
+    kept = sorted(p.name for p in folder.glob("*.json") if not p.name.startswith("."))
+    newest_old = sorted(p.name for p in old[-(shipped.KEEP_RECAPTURES - 1):])
+    assert len(calls) == 1 and kept == sorted(newest_old + [made["path"].rsplit("/", 1)[-1]])
+    assert writing.exists() and other.exists()
+    again = load_or_recapture(full)  # the new measurement survived its own pruning: read back
+    assert len(calls) == 1 and again.attrs["recapture"]["reused"]
+
+
+def test_pruning_skips_a_file_another_process_removed_first(tmp_path, monkeypatch):
+    kept = tmp_path / "new.json"
+    kept.write_text("{}")
+    for i in range(4):  # 0.json the oldest, so it is among those removed
+        (tmp_path / f"{i}.json").write_text("{}")
+        os.utime(tmp_path / f"{i}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+    real_unlink = type(kept).unlink
+
+    def racing_unlink(self, missing_ok=False):
+        if self.name == "0.json":  # removed by another process between listing and removing
+            real_unlink(self)
+        return real_unlink(self, missing_ok)
+
+    monkeypatch.setattr(type(kept), "unlink", racing_unlink)
+    removed = shipped._prune(tmp_path, kept, newest=2)
+    assert kept.exists() and len(list(tmp_path.glob("*.json"))) == 2
+    assert tmp_path / "0.json" not in removed and len(removed) == 2
