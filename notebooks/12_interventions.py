@@ -334,12 +334,14 @@ summary.round(3)
 # %% [markdown]
 # ## The readings, decided
 #
-# Gate first, then one Holm family over the readings that pass it. Beside each tail p: the rank p and its floor,
-# and the smallest contrast the reading could have detected (power 0.8 at Holm's first step).
+# Gate first, then one Holm family over the readings that pass it. The table gives each reading's contrast
+# (targeted minus the null sets' mean) with its 95% interval, the Holm-adjusted p, the smallest contrast the
+# reading could have detected (power 0.8 at Holm's first step) and the verdict; a reading whose gate failed is not
+# computed (NaN). The lines under it add the tail p, its degrees of freedom, and the rank p with its floor.
 
 # %%
 verdicts = qs.readings(grid, reg, plasticity=plasticity)
-verdicts.drop(columns=["reading", "measure"]).set_index("key").round(4)
+verdicts.set_index("key")[["k", "claim", "estimate", "lo", "hi", "p (Holm)", "detectable", "verdict"]].round(4)
 
 # %%
 print(f"one Holm family of {verdicts.attrs['m']} readings; null sets compared on {verdicts.attrs['windows']} windows")
