@@ -41,8 +41,8 @@
 
 # %% tags=["parameters"]
 run_dir = "../runs/smollm2-135m"  # run directory of `qkplast run`; the preview trains into run_dir/training/
-training = ""  # "": the committed full run (full_run) when present, else the preview studies/miniature.yaml; or a preset, a training study file or a training directory
-full_run = "../data/miniature-full"  # the committed full run (benchmarks/bench_miniature.py --export)
+training = ""  # "": the committed full run when present, else the preview studies/miniature.yaml; or a preset, a training study file or a training directory
+full_run = ""  # "": the committed full run shipped with qkplast (data/miniature-full); or a directory of benchmarks/bench_miniature.py --export
 checkpoints = []  # e.g. ["HuggingFaceTB/SmolLM3-3B-checkpoints@stage1-step-40000", ...]; empty: thesis values
 study = ""  # a study file or directory (qkplast study): the cells at the end read all its runs; empty: this run only
 
@@ -106,9 +106,10 @@ for key in ("decision_rule", "gates", "amendment"):
 from pathlib import Path
 
 from qkplast.train.evaluate import MeasureSettings, checkpoint_table, load_full_run
-from qkplast.train.run import ensure_training
+from qkplast.train.run import FULL_RUN, ensure_training
 
-full = load_full_run(full_run) if not training and Path(full_run, "training.json").exists() else None
+full_dir = Path(full_run) if full_run else FULL_RUN  # found from the package, not from the kernel's directory
+full = load_full_run(full_dir) if not training and (full_dir / "training.json").exists() else None
 if full is not None:
     config, trained, table = full["config"], full["training"], full["table"]
     train_dir = None
@@ -144,7 +145,7 @@ else:
 # one of them with half of the windows carrying copies, each on four seeds. Their gates, seed by seed:
 
 # %%
-amended = Path(full_run, "pilots-bos.json")
+amended = full_dir / "pilots-bos.json"
 if full is not None and amended.exists():
     import json
 

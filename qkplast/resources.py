@@ -19,8 +19,8 @@ SHIPPED = _PACKAGE / "_shipped"
 
 
 def resource_dir(relative: str) -> Path:
-    """``relative`` (``notebooks``, ``data/thesis``, ``data``, ``data/corpora``, ``studies``) in the checkout when the package runs from one, else the
-    wheel's copy under :data:`SHIPPED`."""
+    """``relative`` (``notebooks``, ``data/thesis``, ``data``, ``data/corpora``, ``data/miniature-full``, ``studies``)
+    in the checkout when the package runs from one, else the wheel's copy under :data:`SHIPPED`."""
     checkout = _CHECKOUT / relative
     if (_CHECKOUT / "pyproject.toml").is_file() and checkout.is_dir():
         return checkout

@@ -7,6 +7,7 @@ on the study's first run with ``study`` set (:func:`book_notebooks`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -22,7 +23,9 @@ def fold_injected_parameters(path: str | os.PathLike) -> bool:
 
     Each assignment of the injected cell replaces the line assigning the same name in the parameters
     cell (its comment kept), so a reader sees one parameters cell holding the run's values; names the
-    parameters cell does not declare are appended. Returns whether the notebook changed.
+    parameters cell does not declare are appended. A path inside the checkout (``qkplast run`` passes the run
+    directory absolute) is shown relative to the notebooks' folder, as the defaults are written, so no page
+    shows where this machine keeps the checkout. Returns whether the notebook changed.
     """
     import nbformat
 
@@ -32,7 +35,7 @@ def fold_injected_parameters(path: str | os.PathLike) -> bool:
     params = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
     if not injected or not params:
         return False
-    values = _assignments(nb.cells[injected[0]].source)
+    values = {name: _shown(value) for name, value in _assignments(nb.cells[injected[0]].source).items()}
     lines = nb.cells[params[0]].source.splitlines()
     seen = set()
     for i, line in enumerate(lines):
@@ -55,6 +58,25 @@ def _assignments(source: str) -> dict[str, str]:
         if m:
             out[m.group(1)] = m.group(2).rstrip()
     return out
+
+
+def _shown(value: str) -> str:
+    """An injected value as the book shows it: a string literal naming an absolute path inside the checkout
+    becomes that path relative to the notebooks' folder (``"../runs/smollm2-135m"``); anything else as it is."""
+    import ast
+
+    from qkplast.pipeline.params import NOTEBOOK_DIR
+
+    try:
+        text = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+    if not isinstance(text, str) or not os.path.isabs(text):
+        return value
+    checkout = NOTEBOOK_DIR.parent
+    if not Path(text).resolve().is_relative_to(checkout.resolve()):
+        return value
+    return json.dumps(os.path.relpath(Path(text).resolve(), NOTEBOOK_DIR.resolve()))
 
 
 def book_notebooks(study: str | os.PathLike | Study, target: str | os.PathLike) -> list[Path]:

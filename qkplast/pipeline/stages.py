@@ -241,7 +241,16 @@ def _log_line(text: str) -> None:
 
 
 def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: bool, label: str | None) -> dict:
-    """Execute one notebook with papermill; its manifest entry (status, seconds or the failing cell)."""
+    """Execute one notebook with papermill; its manifest entry (status, seconds or the failing cell).
+
+    The kernel starts in the notebook's folder through nbclient's ``resources`` (the kernel process gets it as
+    its own working directory), never through papermill's ``cwd=``: that one is an ``os.chdir`` of the whole
+    process, and papermill also changes the process's directory around every autosave of an output notebook.
+    With two notebooks at once (``jobs > 1``) a kernel launched by one thread while the other thread was inside
+    such a change started in the wrong folder: the book's chapter 10 then missed ``data/miniature-full`` and
+    trained the preview (``tests/integration/pipeline/test_stages_notebooks.py`` holds the process's directory
+    moving during a run).
+    """
     import papermill as pm
 
     if label:
@@ -249,7 +258,8 @@ def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: b
     t0 = time.perf_counter()
     try:
         # papermill's bar over cells only on a terminal: in a log file its redraws would be one line each
-        pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(path.parent),
+        pm.execute_notebook(str(path), str(target), parameters=nb_params,
+                            resources={"metadata": {"path": str(path.parent)}},
                             progress_bar=progress_bar and is_terminal(), kernel_name="python3",
                             config=_kernel_config())
     except pm.PapermillExecutionError as exc:

@@ -32,11 +32,15 @@ from qkplast.train.data import prepare_data
 from qkplast.train.loop import record_path, recorded_device, state_path, train_arm
 from qkplast.train.model import CPU_KERNEL_ENV, training_device
 
-__all__ = ["STUDIES", "ensure_training", "expected_runs", "load_training", "train", "training_complete"]
+__all__ = ["FULL_RUN", "STUDIES", "ensure_training", "expected_runs", "load_training", "train", "training_complete"]
 
 TRAINING_JSON = "training.json"
 #: The repository's study files (``studies/miniature.yaml`` is the book's default training).
 STUDIES = resource_dir("studies")  # the checkout's studies/, or the copy a wheel ships
+#: The committed full run of the miniature (``benchmarks/bench_miniature.py --export``) that chapter 10 reads:
+#: the checkout's ``data/miniature-full/``, or the copy a wheel ships; found from the package, never from the
+#: working directory of the process that reads it.
+FULL_RUN = resource_dir("data/miniature-full")
 
 
 def expected_runs(config: TrainConfig) -> list[tuple[int, str]]:

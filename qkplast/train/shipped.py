@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from qkplast.provenance import machine, source_digest
 from qkplast.train.data import prepare_data
 from qkplast.train.evaluate import MeasureSettings, decisive_steps, measure_checkpoint, window_kinds
 from qkplast.train.gates import early_checkpoint
@@ -163,16 +164,6 @@ def recapture(full: dict, out, settings: MeasureSettings | None = None, seed: in
 CACHE_FORMAT = 1
 
 
-def _source_sha256() -> str:
-    """sha256 of every module of the installed qkplast (relative path and bytes, in path order): any change of the
-    code that measures gives another key."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def _corpora_sha256(spec: str) -> dict | None:
     """Each part of a training corpus by content: a pinned snapshot's recorded content hash, a local file's sha256;
     None when a part has neither (a hub dataset): its measurement is never reused."""
@@ -190,44 +181,11 @@ def _corpora_sha256(spec: str) -> dict | None:
     return hashes
 
 
-def _cpu() -> dict:
-    """The CPU as Linux names it (``/proc/cpuinfo``'s first processor): vendor, family, model, name and a hash of
-    its flags (the instruction sets a BLAS picks its kernels by); the platform's name elsewhere."""
-    import platform
-
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block: every core of one machine is the same kind
-                name, _, value = line.partition(":")
-                fields[name.strip()] = value.strip()
-    except OSError:
-        pass
-    cpu = {k: fields[k] for k in ("vendor_id", "cpu family", "model", "model name") if k in fields}
-    if "flags" in fields:
-        cpu["flags_sha256"] = hashlib.sha256(fields["flags"].encode()).hexdigest()[:16]
-    return cpu or {"processor": platform.processor() or platform.machine()}
-
-
-def _machine(device: str) -> dict:
-    """What decides a float32 kernel's order of summation here: the CPU, the kernels ATen dispatches to, the
-    threads; on a GPU its name."""
-    import torch
-
-    machine = {"cpu": _cpu(), "aten_capability": torch.backends.cpu.get_cpu_capability(),
-               "threads": torch.get_num_threads(), "device": device}
-    if device.startswith("cuda"):
-        machine["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return machine
-
-
 def recapture_key(full: dict, settings: MeasureSettings | None = None, seed: int = 0,
                   only: list[str] | None = None) -> dict | None:
     """Everything a :func:`measure_shipped` value depends on, as a JSON-able dict: the archive's and the training
     corpora's content, the training config, the settings, ``seed`` and ``only``, qkplast's code, the numerical
-    libraries' versions and the machine (:func:`_machine`). None when a corpus has no content hash."""
+    libraries' versions and the machine (:func:`qkplast.provenance.machine`). None when a corpus has no content hash."""
     import tokenizers
     import torch
     import transformers
@@ -238,10 +196,10 @@ def recapture_key(full: dict, settings: MeasureSettings | None = None, seed: int
         return None
     return {"format": CACHE_FORMAT, "archive_sha256": file_sha256(Path(full["path"]) / SHIPPED),
             "corpora": corpora, "config": full["config"].to_dict(), "settings": asdict(settings), "seed": seed,
-            "only": sorted(only) if only else None, "source_sha256": _source_sha256(),
+            "only": sorted(only) if only else None, "source_sha256": source_digest(),
             "versions": {"numpy": np.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
                          "tokenizers": tokenizers.__version__},
-            "machine": _machine(settings.device)}
+            "machine": machine(settings.device)}
 
 
 def _read_cached(path: Path, key: dict) -> dict | None:

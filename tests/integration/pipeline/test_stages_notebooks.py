@@ -71,3 +71,41 @@ def test_notebooks_run_at_once_with_jobs_and_the_manifest_keeps_their_order(tmp_
     assert manifest["status"] == "failed"
     assert [(e["name"], e["status"]) for e in manifest["notebooks"]] == [
         ("01_sleep.ipynb", "ok"), ("02_sleep.ipynb", "ok"), ("03_bad.ipynb", "failed")]
+
+
+def test_each_kernel_starts_in_its_notebook_folder_while_the_process_directory_moves(tmp_path, monkeypatch):
+    """jobs=2 with another thread moving the process's working directory the whole time (what papermill's ``cwd=``
+    and its autosaves do from the other notebook's thread): every kernel still starts in its notebook's folder,
+    so a parameter relative to it (chapter 10's ``full_run`` before it was resolved by the package) reads the
+    same files. With papermill's ``cwd=``, 2 kernels of 15 started in the process's first directory beside a
+    notebook that autosaved after each of its 400 cells (the book's chapter 10 then trained the preview)."""
+    import os
+    import threading
+
+    folder, elsewhere = tmp_path / "nb", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    body = "import os, pathlib\npathlib.Path(run_dir, '{name}.cwd').write_text(os.getcwd())"
+    paths = [_sleepy_notebook(folder, f"0{i}_cwd.ipynb", body.format(name=i)) for i in range(1, 5)]
+    fake_stage(monkeypatch, tmp_path)
+    from qkplast import CaptureOptions
+
+    stop = threading.Event()
+
+    def move():  # the process's directory flips between two folders, neither the notebooks'
+        while not stop.is_set():
+            for where in (elsewhere, tmp_path):
+                os.chdir(where)
+                stop.wait(0.0005)
+
+    monkeypatch.chdir(tmp_path)
+    mover = threading.Thread(target=move, daemon=True)
+    mover.start()
+    try:
+        stages.run(CaptureOptions(seq_len=512, bucket_size=64, docs=2), tmp_path / "run", notebooks=paths,
+                   progress=False, jobs=2)
+    finally:
+        stop.set()
+        mover.join()
+    started = {i: (tmp_path / "run" / f"{i}.cwd").read_text() for i in range(1, 5)}
+    assert started == {i: str(folder) for i in range(1, 5)}

@@ -204,6 +204,27 @@ def test_injected_parameters_fold_into_the_parameters_cell(tmp_path):
     assert not fold_injected_parameters(tmp_path / "n.ipynb")  # nothing left to fold
 
 
+def test_a_folded_path_inside_the_checkout_is_shown_relative_to_the_notebooks(tmp_path):
+    """``qkplast run`` passes the run directory absolute; the book's parameters cell shows it as the defaults are
+    written (relative to ``notebooks/``), so no page names the folder this machine keeps the checkout in."""
+    import nbformat
+
+    from qkplast.pipeline.book import fold_injected_parameters
+    from tests.helpers import ROOT
+
+    run, full = ROOT / "runs" / "smollm2-135m", ROOT / "data" / "miniature-full"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('run_dir = "../runs/smollm2-135m"  # the run\nfull_run = ""  # shipped',
+                                          metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(f'# Parameters\nrun_dir = "{run}"\nfull_run = "{full}"\nstudy = "/elsewhere/s"\n',
+                                          metadata={"tags": ["injected-parameters"]})]
+    nbformat.write(nb, tmp_path / "n.ipynb")
+    assert fold_injected_parameters(tmp_path / "n.ipynb")
+    assert nbformat.read(tmp_path / "n.ipynb", 4).cells[0].source.splitlines() == [
+        'run_dir = "../runs/smollm2-135m"  # the run', 'full_run = "../data/miniature-full"  # shipped',
+        'study = "/elsewhere/s"']
+
+
 def test_compare_reads_every_analysed_run_of_a_study(planted_study, tmp_path, capsys):
     from qkplast.results import crossrun
     from qkplast.results.summary import compare

@@ -75,7 +75,7 @@ def test_anything_the_measurement_depends_on_measures_again(full, planted, monke
     elif change == "only":
         kwargs["only"] = [sorted(full["table"].branch.unique())[0]]
     elif change == "code":
-        monkeypatch.setattr(shipped, "_source_sha256", lambda: "another commit")
+        monkeypatch.setattr(shipped, "source_digest", lambda: "another commit")
     elif change == "torch":
         import torch
 
@@ -85,7 +85,9 @@ def test_anything_the_measurement_depends_on_measures_again(full, planted, monke
 
         monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
     elif change == "cpu":
-        monkeypatch.setattr(shipped, "_cpu", lambda: {"vendor_id": "GenuineIntel", "model name": "Intel Xeon"})
+        from qkplast import provenance
+
+        monkeypatch.setattr(provenance, "cpu", lambda: {"vendor_id": "GenuineIntel", "model name": "Intel Xeon"})
     again = load_or_recapture(full, **kwargs)
     assert len(calls) == 2 and not again.attrs["recapture"]["reused"]
     assert load_or_recapture(full, **kwargs).attrs["recapture"]["reused"] and len(calls) == 2
