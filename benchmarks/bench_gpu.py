@@ -3,9 +3,10 @@
 It builds a random-weight model of a published architecture from its config, embedded below as a dict
 (``qwen3-8b`` by default; ``llama-3.1-8b`` and ``ministral-3-14b``, the text decoder of Ministral-3-14B, are
 selectable; nothing is downloaded), saves it in a local Hugging Face hub-cache layout at a fixed fake commit,
-and runs the README's thesis-scale command, read from the README itself, with only the model (that commit),
-the corpus (generated documents of 131072+ tokens), ``--docs`` and ``--out`` substituted, through every stage
-including chapters 12 and 13 (their grids reduced with ``-p``). It prints
+and runs the README's thesis-scale commands, read from the README itself (the dry run, then the run), with only
+the model (that commit), the corpus (generated documents of 131072+ tokens, then the shorter ones chapter 12
+reads), ``--docs`` and ``--out`` substituted, through every stage including chapters 12 and 13 (their grids
+reduced with ``-p`` on the GPU). It prints
 
 * capture time per window against a bare forward of the same window stopped where the capture stops (the
   ratio: what the hook and the copies cost),
@@ -39,8 +40,10 @@ Then run it on the device (the ``run`` tool of this workplace; ``carry`` the whe
         "2>&1 | tee $OUT/bench_gpu.log")
 
 ``--estimate`` prints the expected wall time of a 500-document thesis capture per config from the measured
-seconds per window (no GPU). ``--selftest-cpu`` rehearses the same path here on the CPU with a tiny config of the same architecture at a
-16384-token window (a couple of minutes; the acceptance tier runs it).
+seconds per window (no GPU). ``--selftest-cpu`` rehearses the same path here on the CPU with a tiny config of the
+same architecture: the README's commands exactly as written (131072 tokens, the notebooks' own parameters), so the
+acceptance tier's one execution of them (``tests/acceptance/test_rehearsal.py``, from a non-editable install) is
+this check's own rehearsal too (about seven minutes on two cores).
 """
 
 from __future__ import annotations
@@ -211,11 +214,49 @@ def build_model(name: str, cache: Path, device: str) -> tuple[str, str]:
     return repo, commit
 
 
-def make_corpus(path: Path, seq_len: int, docs: int) -> Path:
-    """``docs`` documents of prose long enough for one ``seq_len``-token window each with the stand-in tokenizer."""
+def make_corpus(path: Path, seq_len: int, docs: int, shorter: tuple[int, int] = (0, 0)) -> Path:
+    """``docs`` documents of prose long enough for one ``seq_len``-token window each with the stand-in tokenizer, then
+    ``shorter[0]`` documents of ``shorter[1]`` tokens or more, as a real corpus has beside its long ones: chapter 12
+    reads windows of its own from documents after the run's (:func:`shorter_documents`)."""
     from hub_fixtures import long_corpus
 
-    return long_corpus(path, n_chars=int(seq_len * 2.2) + 10000, docs=docs)
+    long_corpus(path, n_chars=int(seq_len * 2.2) + 10000, docs=docs)
+    count, tokens = shorter
+    if count:
+        from pydoc_data.topics import topics
+
+        text = "\n\n".join(topics[k] for k in sorted(topics))
+        chars = int(tokens * 4.5) + 2000  # the stand-in tokenizer: about 3.7 characters per token
+        step = (len(text) - chars) // max(count, 1)
+        with path.open("a") as f:
+            for i in range(count):
+                f.write(json.dumps({"id": f"short{i}", "text": text[i * step: i * step + chars]}) + "\n")
+    return path
+
+
+def shorter_documents(full: list[str], notebook_params: dict) -> tuple[int, int]:
+    """How many documents chapter 12 reads after the run's (its geometry capture's windows, raised to what the
+    run's sampling needs, then its behaviour windows) and their tokens (its window), with ``notebook_params``
+    over the notebook's defaults."""
+    from qkplast.experiments.head_interventions import geometry_plan
+    from qkplast.pipeline.params import notebook_parameters
+
+    grid = {**notebook_parameters(), **notebook_params}
+    samples = float(full[full.index("--samples-per-bucket") + 1]) if "--samples-per-bucket" in full else 1.0
+    return geometry_plan(samples, int(grid["geometry_docs"]))[0] + int(grid["copy_windows"]), int(grid["window"])
+
+
+def dry_run(argv: list[str]) -> tuple[int, str]:
+    """The README's ``--dry-run`` command in this process: its exit status and what it printed."""
+    import contextlib
+    import io
+
+    from qkplast.pipeline.cli import main as qkplast
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        code = qkplast(argv)
+    return code, printed.getvalue()
 
 
 # --------------------------------------------------------------------------- wall time of a thesis capture
@@ -399,21 +440,18 @@ def main(argv=None) -> int:
     dry, full = readme_commands()
     seq_len = int(full[full.index("--seq-len") + 1])
     values = {"model": f"{repo}@{commit}", "docs": args.docs}
-    if args.selftest_cpu:  # a couple of minutes on two cores: the same command at an eighth of the window
-        seq_len = 16384
-        values.update(seq_len=seq_len, bucket_size=seq_len // 16)
-    # chapter 12 reads documents of its own beside the run's: the geometry's windows (raised to what the run's
-    # sampling needs, qkplast.experiments.head_interventions.geometry_plan) and then the behaviour's
-    from qkplast.experiments.head_interventions import geometry_plan
-    from qkplast.stats.intervention_readings import load_readings
-
-    samples = float(full[full.index("--samples-per-bucket") + 1]) if "--samples-per-bucket" in full else 1.0
-    n_docs = args.docs + geometry_plan(samples, load_readings()["design"]["geometry_docs"])[0] + REDUCED["copy_windows"]
-    corpus = make_corpus(args.work / f"corpus-{seq_len}-{n_docs}.jsonl", seq_len, n_docs)
+    # the notebooks' own defaults on the CPU (the README's command as written); on the GPU their grids reduced
+    notebook_params = {} if args.selftest_cpu else REDUCED
+    corpus = make_corpus(args.work / f"corpus-{seq_len}-{args.docs}-{'cpu' if args.selftest_cpu else 'gpu'}.jsonl",
+                         seq_len, args.docs, shorter=shorter_documents(full, notebook_params))
     values["corpus"] = corpus
     out = args.work / f"run-{name}"
-    argv = substitute(full, **values, out=out) + [x for k, v in REDUCED.items() for x in ("-p", k, json.dumps(v))]
+    argv = (substitute(full, **values, out=out)
+            + [x for k, v in notebook_params.items() for x in ("-p", k, json.dumps(v))])
 
+    t0 = time.perf_counter()
+    checked = dry_run(substitute(dry, **values))
+    stamps["the README's dry run"] = time.perf_counter() - t0
     from qkplast.capture.plan import plan_capture
     from qkplast.pipeline.cli import build_parser
     from qkplast.pipeline.cli_capture import capture_options
@@ -445,7 +483,9 @@ def main(argv=None) -> int:
         stamps["notebooks the run did not reach, each alone"] = time.perf_counter() - t0
     total = time.perf_counter() - t_start
 
-    print(f"\ncommand (README, model/corpus/docs/out substituted, reduced notebook grids): qkplast {' '.join(map(str, argv))}")
+    print(f"\ndry run (README, model/corpus/docs substituted): exit status {checked[0]}\n{checked[1].rstrip()}")
+    grids = "the notebooks' own parameters" if args.selftest_cpu else "reduced notebook grids"
+    print(f"\ncommand (README, model/corpus/docs/out substituted, {grids}): qkplast {' '.join(map(str, argv))}")
     print(f"exit status {code}; run directory {out}")
     main_windows = windows[:args.docs]
     per_window = sum(main_windows) / max(1, len(main_windows))
@@ -471,7 +511,7 @@ def main(argv=None) -> int:
     for stage, seconds in stamps.items():
         print(f"  {stage}: {seconds:.0f} s")
     print(f"budget: {total:.0f} s used of {args.budget_s:.0f} s")
-    return 0 if code == 0 and not failed and total <= args.budget_s else 1
+    return 0 if code == 0 and checked[0] == 0 and not failed and total <= args.budget_s else 1
 
 
 if __name__ == "__main__":

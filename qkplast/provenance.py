@@ -36,7 +36,10 @@ def source_digest(*parts: str) -> str:
     """
     digest = hashlib.sha256()
     roots = [_PACKAGE / part for part in parts] if parts else [_PACKAGE]
-    for path in sorted({p for root in roots for p in ([root] if root.is_file() else root.rglob("*.py"))}):
+    modules = {p for root in roots for p in ([root] if root.is_file() else root.rglob("*.py"))}
+    # a wheel's copies of the notebooks (qkplast/_shipped/notebooks/*.py) are not modules: an install from the
+    # wheel has the checkout's digest
+    for path in sorted(p for p in modules if "_shipped" not in p.relative_to(_PACKAGE).parts):
         digest.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 

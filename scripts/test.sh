@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Run the tests. Four tiers: tests/unit (seconds, no model, no subprocess), tests/integration (tiny or embedded
 # models, notebook kernels, several modules), tests/acceptance (end to end: CLI, batches, the book in a browser,
-# a SLURM cluster) and the notebooks' nbval regression (notebooks/). README.md gives the measured time of each.
-#   bash scripts/test.sh                  every tier: pytest tests notebooks, nbval on, two workers (-n 2)
+# a SLURM cluster) and the notebooks' regression (notebooks/: every committed chapter's cells against the book's
+# own execution of the default run, `qkplast run --out runs/smollm2-135m --jobs 2` as scripts/book.sh makes it,
+# by nbval's rules; tests/book_regression.py). The book's measured times: book/reproduce.md.
+#   bash scripts/test.sh                  every tier: pytest tests notebooks, two workers (-n 2)
 #   bash scripts/test.sh tests/unit       the fast path: the unit tier only, no notebook
-#   bash scripts/test.sh ARGS...          pytest with exactly ARGS; nbval is on when notebooks(/...) is among them
+#   bash scripts/test.sh ARGS...          pytest with exactly ARGS (notebooks/NN_x.ipynb: that chapter's regression,
+#                                         the run reusing every chapter already executed with the same source)
 # First it installs what the tests need: the Python environment (scripts/setup.sh) and, when missing, Debian's
 # chromium + chromium-driver (the book in a browser) and slurm-wlm + munge (the study on a SLURM cluster): as root
 # with apt-get, otherwise it says which apt-get to run and goes on (the tests that need a missing package then fail
@@ -33,20 +36,11 @@ unset PYTHONDONTWRITEBYTECODE
 workers=()
 if [ $# -eq 0 ]; then
   set -- tests notebooks
-  # Two pytest workers (pytest-xdist): the notebooks' chain runs in one while the tests run in the other and
-  # beside it; tests/conftest.py groups what must share a worker. QKPLAST_TEST_WORKERS=0 runs in one process.
+  # Two pytest workers (pytest-xdist): the book's run (and the tests that read it) in one while the other tests
+  # run in the other beside it; tests/conftest.py groups what must share a worker. QKPLAST_TEST_WORKERS=0 runs in
+  # one process.
   n="${QKPLAST_TEST_WORKERS:-2}"
   if [ "$n" -gt 0 ]; then workers=(-n "$n" --dist loadgroup --no-loadscope-reorder); fi
 fi
-nb=()
-for arg in "$@"; do
-  case "$arg" in
-    notebooks | notebooks/*)
-      if compgen -G "notebooks/*.ipynb" >/dev/null; then
-        nb=(--nbval --nbval-sanitize-with notebooks/sanitize.cfg)
-      fi
-      ;;
-  esac
-done
 # --durations: the slowest tests are listed in every CI log, so the ~25-minute budget can be watched.
-.venv/bin/python -m pytest "$@" "${nb[@]}" "${workers[@]}" --durations=30
+.venv/bin/python -m pytest "$@" "${workers[@]}" --durations=30

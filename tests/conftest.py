@@ -30,30 +30,30 @@ def tier_of(path: Path) -> str | None:
     return folder if folder in TIERS else None
 
 
-#: Notebooks that never read the run directory's capture (chapter 10 trains its own model, chapter 01 reads only
-#: the run's settings): under ``-n 2`` they run beside the chain of notebooks that captures and reads the run.
-NOTEBOOKS_OFF_THE_RUN = ("01_rope", "10_results_training")
-#: The order the work is handed out under ``-n``, longest first: the notebooks' chain, the other notebooks, then
-#: the tiers from the slowest.
-ORDER = ("nbval-run", "nbval-off-run", "acceptance", "integration", "unit")
+#: The test files that read the book's run (tests/book_run.py): they share its xdist group with the notebooks'
+#: regression, so one worker makes the run while the other runs the rest.
+BOOK_FILES = ("tests/acceptance/test_book.py",)
+#: The order the work is handed out under ``-n``, longest first: the book's run and what reads it, then the tiers
+#: from the slowest.
+ORDER = ("book", "acceptance", "integration", "unit")
 
 
 def xdist_group(nodeid: str) -> str:
     """The group a test runs in under ``pytest -n N`` (scripts/test.sh): one worker runs a group, in collection
-    order. The notebooks that share the default run directory form one group (chapter 02 captures what the later
-    chapters read, so they must not start beside it), the tests on a SLURM test cluster another (one cluster at a
-    time on this host; their names say ``slurm_cluster``), and every other test file its own (its module fixtures
-    are built once)."""
+    order. The notebooks' regression and the tests that read the book's run form one group (one worker makes the
+    run, ``tests/book_run.py``, and reads it), the tests on a SLURM test cluster another (one cluster at a time
+    on this host; their names say ``slurm_cluster``), and every other test file its own (its module fixtures are
+    built once)."""
     path, _, name = nodeid.partition("::")
-    if path.endswith(".ipynb"):
-        return "nbval-off-run" if Path(path).stem in NOTEBOOKS_OFF_THE_RUN else "nbval-run"
+    if path.endswith(".ipynb") or path in BOOK_FILES:
+        return "book"
     return "slurm" if "slurm_cluster" in name else path
 
 
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's scheduler with the project's groups (:func:`xdist_group`) for every load-balancing ``--dist``
-    (load, loadscope, loadfile, loadgroup): a notebook's cells share one kernel and the chain of notebooks one run
-    directory, so they never split. Other modes (each, worksteal) keep xdist's own scheduler."""
+    (load, loadscope, loadfile, loadgroup): the notebooks' cells and the book's tests read one run, made once, so
+    they never split. Other modes (each, worksteal) keep xdist's own scheduler."""
     if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -67,7 +67,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 def _work_order(item) -> int:
     group = xdist_group(item.nodeid)
-    return ORDER.index(group if group in ORDER[:2] else tier_of(Path(item.path)) or "unit")
+    return ORDER.index(group if group == "book" else tier_of(Path(item.path)) or "unit")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -164,20 +164,19 @@ def config_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smoke_training(tmp_path_factory):
-    """One ``qkplast train --preset smoke`` (two seeds, stage A and three arms) for the whole test session:
-    ``(directory, training.json)``. Tests read it; the rehearsals' chapter 10 caches its checkpoint measurements in
-    it (``geometry/``, keyed by commit, window and settings), as it would in any training it reads."""
+    """One ``qkplast train --preset smoke`` (two seeds, stage A and three arms) for the whole test run:
+    ``(directory, training.json)``. Under ``pytest -n`` the workers share it: the first to ask trains it in the
+    run's common temporary folder under a file lock, the other waits and reads it (``train`` reuses a finished
+    training). Tests read it."""
+    import fcntl
+
     from qkplast.train import PRESETS, train
 
-    out = tmp_path_factory.mktemp("smoke") / "train"
-    return out, train(PRESETS["smoke"], out, progress=False)
-
-
-@pytest.fixture(scope="session")
-def tiny_notebooks(smoke_training):
-    """The tiny rehearsals' notebook parameters (``tests.helpers.TINY_NOTEBOOKS``) with chapter 10 reading the
-    session's smoke training (a training directory, as ``-p training DIR`` does) instead of training again."""
-    from tests.helpers import TINY_NOTEBOOKS
-
-    return {**TINY_NOTEBOOKS, "training": str(smoke_training[0])}
-
+    # under xdist each worker's temporary folder lies in the test run's own; without it, that one is this process's
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "smoke" / "train"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(shared / "smoke.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return out, train(PRESETS["smoke"], out, progress=False)

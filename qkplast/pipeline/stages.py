@@ -28,6 +28,7 @@ from qkplast.capture_format import open_capture, open_dataset
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.pipeline.params import declared_parameters, notebook_paths
 from qkplast.progress import is_terminal
+from qkplast.provenance import source_digest
 from qkplast.rundir.products import (CODE_DIR, STAGES, RunError, check_same_capture, checkpoint_dir,
                                       checkpoint_options, checkpoint_slug, clear_leftover_parts, ensure_capture,
                                       load_or_analyze, load_or_bootstrap,
@@ -209,7 +210,7 @@ def analyze_stage(targets, analysis: AnalysisOptions, n_boot: int | None, timing
             timings[f"bootstrap:{label}"] = round(time.perf_counter() - t0, 2)
 
 
-def _source_digest(path: Path) -> str:
+def _notebook_digest(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest()[:16]
 
 
@@ -267,12 +268,13 @@ def _execute_notebook(path: Path, target: Path, nb_params: dict, progress_bar: b
     seconds = round(time.perf_counter() - t0, 2)
     if label:
         _log_line(f"{label} done in {seconds:.0f} s")
-    return {"name": path.name, "status": "ok", "seconds": seconds, "source": _source_digest(path),
-            "parameters": nb_params}
+    return {"name": path.name, "status": "ok", "seconds": seconds, "source": _notebook_digest(path),
+            "parameters": nb_params, "qkplast_sha256": source_digest()}
 
 
 def _notebooks_to_run(out: Path, manifest: dict, paths: list[Path], parameters: dict):
-    """Manifest entries of notebooks already executed with this source and these parameters, and the rest."""
+    """Manifest entries of notebooks already executed with this source, these parameters and this qkplast code
+    (:func:`qkplast.provenance.source_digest`: a change of the package executes them again), and the rest."""
     nb_out = out / "notebooks"
     done = {e["name"]: e for e in manifest["notebooks"] if e.get("status") == "ok"}
     entries, todo = {}, []
@@ -281,8 +283,8 @@ def _notebooks_to_run(out: Path, manifest: dict, paths: list[Path], parameters: 
         declared = declared_parameters(path)
         nb_params = {**{k: v for k, v in parameters.items() if k in declared}, "run_dir": str(out)}
         entry = done.get(path.name)
-        if entry and entry.get("source") == _source_digest(path) and entry.get("parameters") == nb_params \
-                and (nb_out / path.name).exists():
+        if entry and entry.get("source") == _notebook_digest(path) and entry.get("parameters") == nb_params \
+                and entry.get("qkplast_sha256") == source_digest() and (nb_out / path.name).exists():
             entries[path.name] = entry
         else:
             todo.append((i, path, nb_params))

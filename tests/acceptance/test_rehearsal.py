@@ -7,11 +7,21 @@ resolves offline exactly as from the hub. Qwen3 runs the thesis's setting
 config) in a child process whose peak memory is read back; Llama 3.x, SmolLM3
 and Mllama text run 32768-token windows (twice the kernel guard's limit).
 
-The README's thesis-scale commands (section "At the thesis's scale, on a GPU") are read from the README itself
-(``tests/readme_commands.py``) and run as written with only the model (the tiny Qwen3 at its pinned commit),
-the corpus (two generated 131072-token documents) and ``--docs`` substituted, at 131072 tokens, through every
-stage: the dry run, the capture with the code capture beside it sized to what stdlib-code yields, the
-analyses and bootstraps, and every notebook with its default parameters.
+The README's thesis-scale commands (section "At the thesis's scale, on a GPU") are executed **once** for the
+tier (:func:`thesis_scale`), and three checks read that one execution:
+
+* the README's commands run as written, with only the model (a tiny Qwen3 at its pinned commit), the corpus (two
+  generated 131072-token documents, then shorter ones for chapter 12's windows) and ``--docs`` substituted, at
+  131072 tokens, through every stage: the dry run, the capture with the code capture beside it sized to what
+  stdlib-code yields, the analyses and bootstraps, and every notebook with its default parameters;
+* the one-command GPU check (``benchmarks/bench_gpu.py --selftest-cpu``) is what executes them, so its own report
+  (capture against a bare forward, seconds per window, every notebook, the budget) is checked on the same run;
+* the package comes from a non-editable install (``pip install --target``: what a GPU host or a cluster does),
+  run from outside the checkout, so the wheel's shipped notebooks, data and studies are what the run reads; a
+  second run of the same command executes nothing again.
+
+These were three executions of every notebook (the README rehearsal, the GPU check's selftest at 16384 tokens and
+the install test on a tiny Llama), each with its own kernels; the assertions of all three read this one.
 
 Correctness at long positions: a layer-0 query or key depends only on its own
 token and position, so the model's own eager attention over a late span of
@@ -23,11 +33,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -35,7 +47,7 @@ import torch
 
 from tests.helpers import ROOT
 from tests.hub_fixtures import BRANCH, long_corpus, make_hub, repo_id
-from tests.readme_commands import readme_commands, substitute
+from tests.readme_commands import readme_commands
 from qkplast.capture.corpus import iter_windows, open_corpus
 from qkplast.capture_format import open_capture, validate_capture
 from qkplast.options import CaptureOptions
@@ -177,58 +189,70 @@ def test_architectures_from_hub_revisions_beyond_the_kernel_limit(arch, hub, hub
     assert _layer0_late_logits(ds, loaded, window, span=4096) > 5
 
 
-def _qkplast(argv, cache, timeout):
-    return subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *argv], env=_env(cache), capture_output=True,
-                          text=True, timeout=timeout)
+class Rehearsal(NamedTuple):
+    """The one execution of the README's thesis-scale commands (:func:`thesis_scale`)."""
 
-
-def _prose(n: int, chars: int) -> list[str]:
-    """``n`` passages of the pydoc topics, ``chars`` characters each, each starting at another topic."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    step = len(text) // (n + 1)
-    return [text[i * step: i * step + chars] for i in range(n)]
+    site: Path  # the non-editable install
+    env: dict  # the environment the check ran in (the install first on the path)
+    work: Path  # the check's hub cache, corpus and run directory
+    check: subprocess.CompletedProcess  # benchmarks/bench_gpu.py --selftest-cpu
+    out: Path  # the run directory
+    seconds: float  # install and check
 
 
 @pytest.fixture(scope="module")
-def readme_run(hub, tmp_path_factory):
-    """The README's thesis-scale commands, run as written but for the model (the tiny Qwen3 at its pinned commit in
-    the local hub cache), the corpus (two generated 131072-token documents), ``--docs`` and ``--out``.
-
-    Chapter 10 runs with its default parameters, as in the book: it reads the committed full run
-    (``data/miniature-full``) and measures its shipped checkpoints again; nothing is trained here (the training
-    itself is tested in tests/*/train)."""
-    cache, commits, long = hub
-    dry, full = readme_commands()
-    assert "--dry-run" in dry and "--dry-run" not in full, "the section shows a dry run, then the run"
-    out = tmp_path_factory.mktemp("readme") / "run"
-    # the stand-in corpus: the two 131072-token documents the capture reads, then shorter ones, as a real corpus
-    # has beside them, which chapter 12 needs for its own 512-token windows (geometry, then behaviour)
-    corpus = out.parent / "readme.jsonl"
-    shorter = [json.dumps({"id": f"short{i}", "text": text}) for i, text in enumerate(_prose(16, 6000))]
-    corpus.write_text(long.read_text() + "\n".join(shorter) + "\n")
-    values = dict(model=f"{repo_id('qwen3')}@{commits['qwen3']}", corpus=corpus, docs=2)
+def thesis_scale(tmp_path_factory) -> Rehearsal:
+    """The README's thesis-scale commands, once for this file: ``pip install --no-deps --target SITE .`` (the
+    wheel's build, notebooks and data copied into the package), then ``benchmarks/bench_gpu.py --selftest-cpu``
+    with only that install on the path, from a folder outside the checkout: the dry run, then the run at 131072
+    tokens through every stage with the notebooks' own parameters (chapter 10 reads the committed full run that
+    the wheel ships; nothing is trained)."""
+    work = tmp_path_factory.mktemp("thesis-scale")
+    site = work / "site"
     t0 = time.perf_counter()
-    checked = _qkplast(substitute(dry, **values), cache, 900)
-    ran = _qkplast(substitute(full, **values, out=out), cache, 3000)
-    return dry, full, out, checked, ran, time.perf_counter() - t0
+    built = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                            "--target", str(site), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1"}
+    check = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--selftest-cpu", "--work",
+                            str(work), "--budget-s", "3600"], cwd=work, env=env, capture_output=True, text=True,
+                           timeout=3600)
+    return Rehearsal(site, env, work, check, work / "run-tiny", time.perf_counter() - t0)
 
 
-def test_readme_thesis_commands_run_as_written_through_every_stage(hub, readme_run):
-    cache, commits, corpus = hub
-    dry, full, out, checked, ran, seconds = readme_run
+def _report(rehearsal: Rehearsal) -> str:
+    assert rehearsal.check.returncode == 0, rehearsal.check.stdout[-4000:] + rehearsal.check.stderr[-4000:]
+    return rehearsal.check.stdout
+
+
+def _printed_command(report: str, label: str) -> list[str]:
+    """The ``qkplast ...`` arguments the check printed after ``label``."""
+    import shlex
+
+    line = next(line for line in report.splitlines() if line.startswith(label))
+    return shlex.split(line[line.index("qkplast ") + len("qkplast "):])
+
+
+def test_readme_thesis_commands_run_as_written_through_every_stage(thesis_scale):
+    report = _report(thesis_scale)
+    dry, full = readme_commands()
     assert {"--seq-len", "--bucket-size", "--rope-scaling", "--samples-per-bucket"} <= set(full)
-    assert checked.returncode == 0, checked.stderr[-3000:]
-    assert commits["qwen3"] in checked.stdout and "fits" in checked.stdout
-    assert "code capture" in checked.stdout  # the dry run plans the code capture too
-    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-3000:])
+    assert "--dry-run" in dry and "--dry-run" not in full, "the section shows a dry run, then the run"
+    ran = _printed_command(report, "command (README")
+    assert [w for w in ran if w.startswith("--")] == [w for w in full if w.startswith("--")]  # as written
+    assert "-p" not in ran  # the notebooks' own parameters
+    out = thesis_scale.out
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "ok" and manifest["commit"] == commits["qwen3"]
+    commit = manifest["commit"]
+    dry_run = report[report.index("dry run (README"):report.index("command (README")]
+    assert "exit status 0" in dry_run.splitlines()[0] and commit in dry_run and "fits" in dry_run
+    assert "code capture" in dry_run  # the dry run plans the code capture too
+    assert manifest["status"] == "ok" and f"exit status 0; run directory {out}" in report
     ds = validate_capture(open_capture(out / "capture.nc"))
     seq_len = int(full[full.index("--seq-len") + 1])
     assert (ds.attrs["commit"], ds.attrs["seq_len"], ds.attrs["rope_scaling"], ds.attrs["n_docs"]) == (
-        commits["qwen3"], seq_len, full[full.index("--rope-scaling") + 1], 2)
+        commit, seq_len, full[full.index("--rope-scaling") + 1], 2)
     # the code capture: made at the run's length with the windows its corpus yields, shorter, or left out with
     # the reason; never a copy of the run's corpus
     code = manifest["code"]
@@ -243,7 +267,55 @@ def test_readme_thesis_commands_run_as_written_through_every_stage(hub, readme_r
     assert executed == sources
     nine = (out / "notebooks" / "09_results_plasticity.ipynb").read_text()
     assert json.dumps(code["note"])[1:-1] in nine  # chapter 09 says how the code capture was sized, or why not
-    # chapter 10 read the committed full run, as the book does, and trained nothing into the run directory
-    assert "checkpoints x 2 windows" in (out / "notebooks" / "10_results_training.ipynb").read_text()
+    # chapter 10 read the committed full run the wheel ships, as the book does, and trained nothing
+    ten = (out / "notebooks" / "10_results_training.ipynb").read_text()
+    assert "checkpoints x 2 windows" in ten and "trained and measured on NVIDIA" in ten and "the preview" not in ten
     assert not (out / "training" / "miniature").exists()
-    print(f"README rehearsal: {seconds:.0f} s wall ({manifest['timings_s']})")
+    print(f"README rehearsal (install, check and run): {thesis_scale.seconds:.0f} s wall ({manifest['timings_s']})")
+
+
+def test_the_gpu_check_rehearses_itself_on_the_cpu(thesis_scale):
+    """benchmarks/bench_gpu.py's report on the CPU: every notebook, the capture against a bare forward of the same
+    window, seconds per window, the analysis and the budget line."""
+    out = _report(thesis_scale)
+    assert "exit status 0" in out and "notebooks: 13 of 13 passed" in out
+    ratio = float(re.search(r"capture / bare = ([0-9.]+)", out).group(1))
+    assert 0.5 < ratio < 3  # the capture costs about the bare forward it replaces (both stop at its last layer)
+    assert re.search(r"seconds per window \(main capture, 2 windows of 131072 tokens\): [0-9.]+", out)
+    assert re.search(r"analyze of the run on the CPU: [0-9.]+ s", out) and re.search(r"budget: \d+ s used of 3600 s", out)
+    print(out[out.index("seconds per window"):])
+
+
+def test_the_run_reads_the_non_editable_install_and_a_rerun_executes_nothing(thesis_scale):
+    """The install carries the notebooks, the thesis's tables, chapter 07's coverage table, chapter 10's studies and
+    committed full run inside the package, and the run's products hold one set of option names."""
+    from tests.acceptance.products import check_products
+
+    _report(thesis_scale)
+    site, env = thesis_scale.site, thesis_scale.env
+    where = subprocess.run([sys.executable, "-c", "import qkplast, qkplast.pipeline.params as p, qkplast.results.reference "
+                            "as r; print(qkplast.__file__); print(p.NOTEBOOK_DIR); print(r.data_dir()); "
+                            "print(len(p.notebook_paths()), len(r.load('models'))); "
+                            "import qkplast.resources as s, qkplast.train.run as t, qkplast.results.tables as rt; "
+                            "print(s.resource_dir('data')); print(t.STUDIES); print(len(rt.coverage_results())); "
+                            "from qkplast.train.config import load_train_study; "
+                            "print(load_train_study(t.STUDIES / 'miniature.yaml').name); print(t.FULL_RUN)"],
+                           cwd=thesis_scale.work, env=env, capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr[-2000:]
+    package, notebooks, data, counts, coverage, studies, rows, study, full = where.stdout.split("\n")[:9]
+    for path in (package, notebooks, data, coverage, studies, full):
+        assert Path(path).is_relative_to(site), (path, site)  # the installed copy, not the checkout
+    assert int(rows) > 0 and study == "miniature" and (Path(full) / "training.json").is_file()
+    assert counts == f"{len(list((ROOT / 'notebooks').glob('[0-9][0-9]_*.ipynb')))} 13"
+    out = thesis_scale.out
+    manifest = json.loads((out / "manifest.json").read_text())
+    check_products(out, manifest, seq_len=int(readme_commands()[1][readme_commands()[1].index("--seq-len") + 1]))
+    argv = _printed_command(thesis_scale.check.stdout, "command (README")
+    made = {name: (out / name).stat().st_mtime_ns for name in ("capture.nc", "metrics.nc", "bootstrap.nc")}
+    again = subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", *argv, "--no-progress"], cwd=thesis_scale.work,
+                           env={**env, "HF_HUB_CACHE": str(thesis_scale.work / "hub")}, capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-3000:])
+    rerun = json.loads((out / "manifest.json").read_text())
+    assert [e["seconds"] for e in rerun["notebooks"]] == [e["seconds"] for e in manifest["notebooks"]]
+    assert {name: (out / name).stat().st_mtime_ns for name in made} == made  # nothing captured or analysed again

@@ -67,8 +67,13 @@ def test_the_table_is_newest_first_with_minutes_and_chapters_slowest_first():
     rows = [base | {"cpu": "A", "commit": "a", "date": "2026-11-01", "book_s": "918", "test_s": "59", "chapters_s": "10=508;07=129"},
             base | {"cpu": "B", "commit": "b", "date": "2026-11-28", "book_s": "60", "test_s": "1474", "chapters_s": "", "note": "n"}]
     lines = measured_times.render(rows).splitlines()
-    assert len(lines) == 4 and lines[2].startswith("| B (2) | c (n) | `b` | 2026-11-28 | 1 min 0 s | 24 min 34 s | 3 passed | - |")
-    assert lines[3] == "| A (2) | c | `a` | 2026-11-01 | 15 min 18 s | 59 s | 3 passed | 10: 508 s, 07: 129 s |"
+    assert len(lines) == 4 and lines[2].startswith("| B (2) | c (n) | `b` | 2026-11-28 | 1 min 0 s | 24 min 34 s | - | 3 passed | - |")
+    assert lines[3] == "| A (2) | c | `a` | 2026-11-01 | 15 min 18 s | 59 s | - | 3 passed | 10: 508 s, 07: 129 s |"
+    timed = rows[0] | {"unit_s": "75", "tiers_s": "unit=80;integration=300", "slowest": "412 tests/x.py::t | 9 n/a.ipynb::Cell 2"}
+    lines = measured_times.render([timed]).splitlines()
+    assert "| 1 min 15 s | 3 passed |" in lines[2] and lines[3] == ""
+    assert lines[4] == ("- A, c (`a`): the tiers' test time summed over both workers: unit 1 min 20 s, integration 5 min 0 s; "
+                        "the ten slowest tests: `tests/x.py::t` 6 min 52 s; `n/a.ipynb::Cell 2` 9 s.")
 
 
 def test_the_chapters_come_from_the_manifests_executed_notebooks():
@@ -90,9 +95,29 @@ def test_pytests_closing_line_gives_the_counts(log, summary):
     assert measured_times.pytest_summary(log) == summary
 
 
-def test_the_cpu_is_the_first_model_name_line():
+def test_the_cpu_is_the_first_model_name_line_with_its_family_and_model():
     assert measured_times.cpu_model("processor\t: 0\nmodel name\t: AMD EPYC\nprocessor\t: 1\nmodel name\t: AMD EPYC\n") == "AMD EPYC"
+    two = "processor\t: 0\ncpu family\t: 23\nmodel\t\t: 49\nmodel name\t: AMD EPYC 7B12\nstepping\t: 0\n"
+    assert measured_times.cpu_model(two) == "AMD EPYC 7B12 (family 23, model 49)"
+    assert measured_times.cpu_model(two.replace("49", "1")) != measured_times.cpu_model(two)  # another setting
     assert measured_times.cpu_model("processor\t: 0\n") == "unknown CPU"
+
+
+def test_the_tiers_and_the_slowest_tests_come_from_pytests_junit_report():
+    xml = ("<testsuites><testsuite>"
+           '<testcase classname="tests.unit.stats.test_x" name="test_a" time="1.5"/>'
+           '<testcase classname="tests.unit.test_y" name="test_b" time="2.0"/>'
+           '<testcase classname="tests.acceptance.test_rehearsal" name="test_r[p]" time="300.2"/>'
+           '<testcase classname="tests.integration.pipeline.test_z" name="test_c" time="20"/>'
+           '<testcase classname="notebooks.07_corrections.ipynb" name="Cell 4" time="0.01"/>'
+           "</testsuite></testsuites>")
+    tiers, tests = measured_times.junit_times(xml)
+    assert tiers == {"unit": 3.5, "integration": 20.0, "acceptance": 300.2, "notebooks": 0.01}
+    assert tests[0] == ("tests/acceptance/test_rehearsal.py::test_r[p]", 300.2)
+    assert ("notebooks/07_corrections.ipynb::Cell 4", 0.01) in tests
+    assert measured_times.format_tiers(tiers) == "unit=4;integration=20;acceptance=300;notebooks=0"
+    assert measured_times.format_slowest(tests, 2) == ("300 tests/acceptance/test_rehearsal.py::test_r[p] | "
+                                                       "20 tests/integration/pipeline/test_z.py::test_c")
 
 
 def test_the_markers_must_be_there_once():

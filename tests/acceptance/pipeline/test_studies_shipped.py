@@ -1,7 +1,15 @@
 """The shipped studies as written: each file validated as shipped, and its first run rehearsed with tiny
 stand-ins of the same architectures (random weights at a pinned commit in a local hub cache) at a short window
-through the capture and analysis stages with ``qkplast study``; the thesis study's through every stage on the
-one-node SLURM cluster, after its ``--dry-run`` script is checked.
+through the capture and analysis stages with ``qkplast study``; the thesis study's on the one-node SLURM
+cluster, after its ``--dry-run`` script is checked.
+
+The notebooks are the same code on every architecture and load a model only through
+``qkplast.capture.models.load_for`` with the run's recorded options, the capture stage's own path (the recorded
+tokenizer of SmolLM3's checkpoints included: tests/unit/pipeline/test_stages.py), so no study here executes them:
+the README's thesis-scale commands execute every notebook once on a hub model's run
+(tests/acceptance/test_rehearsal.py), and a study's job through the notebooks stage is
+tests/integration/pipeline/test_stages_notebooks.py. The studies' files still carry the notebook parameters (the
+tiny grids), which their validation checks against what the notebooks declare.
 
 Only the model (its stand-in), the corpus (generated, in the study's own ``text_field``), the window, ``docs``,
 the device and the resources are replaced; everything else (keys, revisions policy, analysis options, the rest
@@ -23,7 +31,7 @@ import yaml
 from tests.hub_fixtures import make_hub, repo_id, save_to_hub_cache, tiny_tokenizer
 from qkplast.capture_format import open_capture
 from qkplast.rundir.study_file import is_done, load_study
-from tests.helpers import ROOT
+from tests.helpers import ROOT, TINY_NOTEBOOKS
 from tests.unit.pipeline.test_studies_shipped import STUDIES, WINDOW, stand_in
 
 
@@ -61,9 +69,9 @@ def _corpus(path: Path, text_field: str) -> Path:
     return path
 
 
-def rehearsal_file(shipped: Path, hub, slurm: bool, notebooks: dict) -> Path:
+def rehearsal_file(shipped: Path, hub, slurm: bool, notebooks: dict = TINY_NOTEBOOKS) -> Path:
     """The shipped study with its first run only, stand-ins substituted (see the module doc); ``notebooks``: the
-    tiny notebook parameters (``tiny_notebooks``)."""
+    notebook parameters it carries (the tiny grids)."""
     cache, commits, root = hub
     data = yaml.safe_load(shipped.read_text())
     first = dict(data["models"][0])
@@ -102,27 +110,12 @@ def _qkplast(*argv, env, timeout=1800):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _first_run_through_every_stage(study_file: Path, out: Path):
-    study = load_study(study_file)
-    run = study.runs[0]
-    assert is_done(run.run_dir, "notebooks")
-    manifest = json.loads((run.run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "ok" and len(manifest["notebooks"]) == 13
-    assert all(e["status"] == "ok" for e in manifest["notebooks"])
-    assert manifest["capture"]["text_field"] == study.runs[0].capture.text_field
-    return run, manifest
-
-
 @pytest.mark.parametrize("shipped", [p for p in STUDIES if p.stem != "thesis"],
                          ids=[p.stem for p in STUDIES if p.stem != "thesis"])
-def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stand_in_hub, tiny_notebooks):
-    path = rehearsal_file(shipped, stand_in_hub, slurm=False, notebooks=tiny_notebooks)
+def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stand_in_hub):
+    path = rehearsal_file(shipped, stand_in_hub, slurm=False)
     t0 = time.perf_counter()
-    # The notebooks are the same code on every architecture and load a model only through
-    # qkplast.capture.models.load_for with the run's recorded options, the capture stage's own path (the
-    # recorded tokenizer of SmolLM3's checkpoints included: tests/unit/pipeline/test_stages.py): the thesis study
-    # runs them on SLURM below and the README's commands in tests/acceptance/test_rehearsal.py, so each study here
-    # stops after the architecture-specific stages (capture and analysis), which keeps the tier's time down.
+    # through the architecture-specific stages, capture and analysis (the module doc says where the notebooks are)
     r = _qkplast("study", path, "--executor", "local", "--stage", "analyze", env=_env(stand_in_hub[0]))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert ": ok (" in r.stdout  # validated before it was submitted
@@ -133,8 +126,8 @@ def test_the_first_run_of_a_shipped_study_runs_through_every_stage(shipped, stan
     print(f"{shipped.stem}: first run through stage analyze in {time.perf_counter() - t0:.0f} s")
 
 
-def test_the_thesis_study_first_run_on_a_one_node_slurm_cluster(stand_in_hub, slurm, tiny_notebooks):
-    path = rehearsal_file(ROOT / "studies" / "thesis.yaml", stand_in_hub, slurm=True, notebooks=tiny_notebooks)
+def test_the_thesis_study_first_run_on_a_one_node_slurm_cluster(stand_in_hub, slurm):
+    path = rehearsal_file(ROOT / "studies" / "thesis.yaml", stand_in_hub, slurm=True)
     env = _env(stand_in_hub[0], SLURM_CONF=str(slurm.conf))
     t0 = time.perf_counter()
     dry = _qkplast("study", path, "--executor", "slurm", "--dry-run", env=env, timeout=600)
@@ -143,7 +136,7 @@ def test_the_thesis_study_first_run_on_a_one_node_slurm_cluster(stand_in_hub, sl
                  "export OMP_NUM_THREADS=1", "submitit.core._submit", "dry run: 1 run(s) validated, nothing submitted"):
         assert line in dry.stdout, line
     assert not (Path(yaml.safe_load(path.read_text())["out"]) / "study.json").exists()
-    sub = _qkplast("study", path, "--executor", "slurm", env=env, timeout=600)
+    sub = _qkplast("study", path, "--executor", "slurm", "--stage", "analyze", env=env, timeout=600)
     assert sub.returncode == 0 and "submitted 1 job(s)" in sub.stdout, sub.stdout + sub.stderr
     state = json.loads((Path(yaml.safe_load(path.read_text())["out"]) / "study.json").read_text())
     job = next(iter(state["runs"].values()))
@@ -161,5 +154,9 @@ def test_the_thesis_study_first_run_on_a_one_node_slurm_cluster(stand_in_hub, sl
         script = submitted.read_text()
         assert "#SBATCH --partition=debug" in script and "export OMP_NUM_THREADS=1" in script
     assert "[capture] window 1 of 2" in err and "s/window" in err  # plain progress lines in the SLURM log
-    _first_run_through_every_stage(path, stand_in_hub[2])
+    run = load_study(path).runs[0]
+    assert is_done(run.run_dir, "analyze") and not is_done(run.run_dir, "notebooks")
+    manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["stage"] == "analyze" and (run.run_dir / "metrics.nc").exists()
+    assert manifest["capture"]["text_field"] == run.capture.text_field
     print(f"thesis study, first run on SLURM: {time.perf_counter() - t0:.0f} s")

@@ -109,3 +109,32 @@ def test_each_kernel_starts_in_its_notebook_folder_while_the_process_directory_m
         mover.join()
     started = {i: (tmp_path / "run" / f"{i}.cwd").read_text() for i in range(1, 5)}
     assert started == {i: str(folder) for i in range(1, 5)}
+
+
+def test_a_study_job_to_the_notebooks_stage_executes_them_with_the_studys_parameters(tmp_path, monkeypatch):
+    """The job a study submits (``RunJob``, what submitit runs on SLURM or locally) through the notebooks stage: the
+    run's notebooks executed with the study's notebook parameters, the run recorded done at that stage. (The SLURM
+    and local-executor tests stop at the analyze stage; the notebooks on a study's run are this call.)"""
+    from qkplast.pipeline.study import RunJob
+    from qkplast.rundir.study_file import is_done, load_study
+    from tests.helpers import write_yaml
+
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    paths = [_sleepy_notebook(folder, f"0{i}_study.ipynb", "import pathlib\nstudy = globals().get('study')\n"
+                              f"pathlib.Path(run_dir, '{i}.study').write_text(str(study))") for i in (1, 2)]
+    for path in paths:  # the notebooks declare the study parameter, as the book's results chapters do
+        nb = nbformat.read(path, 4)
+        nb.cells[0].source = "run_dir = ''\nstudy = ''"
+        nbformat.write(nb, path)
+    fake_stage(monkeypatch, tmp_path)
+    monkeypatch.setattr(stages, "notebook_paths", lambda: paths)
+    study = load_study(write_yaml(tmp_path / "s.yaml", {
+        "name": "nb", "out": str(tmp_path / "out"), "parameters": {"study": "the study's value"},
+        "allow_floating": True,
+        "defaults": {"seq_len": 512, "bucket_size": 64, "docs": 2},
+        "models": [{"id": "planted/model", "name": "r"}]}))
+    spec = study.runs[0]
+    assert RunJob(spec, "notebooks", parameters=study.parameters)() == "done"
+    assert is_done(spec.run_dir, "notebooks")
+    assert [(spec.run_dir / f"{i}.study").read_text() for i in (1, 2)] == ["the study's value"] * 2

@@ -31,6 +31,24 @@ def test_analyze_matches_api(capture_file, tmp_path, capsys):
     assert got.attrs["options"]["covariance"] == "full"
 
 
+def test_run_flags_reach_the_runs_capture_and_analysis_options(tmp_path, monkeypatch, capsys):
+    """``qkplast run --n-pairs 32 --seq-len 256``: the analysis flag reaches the run's AnalysisOptions and the capture
+    flag its CaptureOptions, by the fields' own names (the run itself is recorded, not made)."""
+    from qkplast.pipeline import stages
+
+    seen = {}
+
+    def run(capture, out, **kwargs):
+        seen.update(capture=capture, **kwargs)
+        return stages.RunResult(tmp_path, {"timings_s": {}, "notebooks": []})
+
+    monkeypatch.setattr(stages, "run", run)
+    assert main(["run", "--n-pairs=32", "--seq-len", "256", "--bucket-size", "16", "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 0
+    assert seen["analysis"].n_pairs == 32 and seen["capture"].seq_len == 256 and seen["capture"].bucket_size == 16
+    assert seen["analysis"].seed == seen["capture"].seed  # the analysis takes the capture's seed
+
+
 def test_analyze_refuses_overwrite(capture_file, tmp_path, capsys):
     _, path = capture_file
     out = tmp_path / "metrics.nc"
