@@ -1,8 +1,10 @@
 """The built book in a real browser: math typeset offline, numbered theorem blocks, figures loaded, no page noisy
-(progress bars, kernel warnings).
+(progress bars, kernel warnings), and the book is the one ``scripts/book.sh`` builds.
 
-The book is built with warnings as errors from the committed notebooks (whose outputs come from the
-default parameters) into a temporary copy, served on localhost and opened in headless Chromium.
+The book is built as ``book.sh`` builds it: the default run's notebooks executed by ``qkplast run --out
+runs/smollm2-135m --jobs 2`` (``tests/book_run.py``, once per test run; the notebooks' regression compares the
+same executions with the committed notebooks), papermill's injected cell folded into each parameters cell, then
+Jupyter Book with warnings as errors into a temporary copy, served on localhost and opened in headless Chromium.
 Screenshots are kept under ``test-artifacts/``.
 """
 
@@ -42,13 +44,19 @@ TRANSPORT_WARNING = "running over TCP without encryption"
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    from qkplast.pipeline.book import fold_injected_parameters
+    from tests.book_run import book_run
+
+    made = book_run()
+    assert made.returncode == 0, made.output
     src = tmp_path_factory.mktemp("book")
     for name in ("_config.yml", "_toc.yml"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "book", src / "book", ignore=shutil.ignore_patterns("notebooks"))
     (src / "book" / "notebooks").mkdir()
-    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    for nb in sorted((made.run_dir / "notebooks").glob("[0-9][0-9]_*.ipynb")):  # book.sh's step 3
         shutil.copy(nb, src / "book" / "notebooks" / nb.name)
+        fold_injected_parameters(src / "book" / "notebooks" / nb.name)
     jb = Path(sys.executable).with_name("jupyter-book")
     proc = subprocess.run(
         [str(jb), "build", str(src), "--warningiserror", "--nitpick", "--keep-going", "--builder", "html"],
@@ -187,6 +195,34 @@ def test_no_page_is_noisy(site, browser):
     assert streams > 0, "no stream output found: the selectors no longer match myst-nb's classes"
     noisy = {name: n for name, n in counts.items() if n > MAX_STDERR_BLOCKS}
     assert noisy == {}, f"pages with more than {MAX_STDERR_BLOCKS} stderr output blocks: {noisy}"
+
+
+def test_chapter_10_of_the_built_book_reads_the_committed_full_run(site, browser):
+    """The book's chapter 10 decides from the full run trained on a GPU (``data/miniature-full``), not from a
+    preview trained on the page: its provenance line names the GPU, and nothing was trained into the run."""
+    import json
+
+    base, html = site
+    text = render(browser, f"{base}/book/notebooks/10_results_training.html", "results_training.png")
+    provenance = json.loads((ROOT / "data" / "miniature-full" / "provenance.json").read_text())
+    assert f"trained and measured on {provenance['gpu']}" in text, "chapter 10 does not show the committed full run"
+    assert "the committed full run: 8 seeds" in text
+    assert "the preview trained on this page" not in text and "the preview has no pilots" not in text
+    assert not (ROOT / "runs" / "smollm2-135m" / "training" / "miniature").exists()
+
+
+def test_no_page_shows_where_this_machine_keeps_the_run(site):
+    """qkplast run passes the run directory absolute; the folded parameters cells show it relative to the
+    notebooks, so no page names a folder of this machine (the checkout, the temporary folders)."""
+    import nbformat
+
+    base, html = site
+    for page in sorted((html / "book" / "notebooks").glob("[0-9][0-9]_*.html")):
+        text = page.read_text()
+        assert str(ROOT) not in text and "/tmp/" not in text, page.name
+    for nb in sorted((html.parent.parent / "book" / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cell = next(c for c in nbformat.read(nb, 4).cells if "parameters" in c.metadata.get("tags", []))
+        assert 'run_dir = "../runs/smollm2-135m"' in cell.source, (nb.name, cell.source)
 
 
 def test_notebook_kernels_start_without_transport_warning(tmp_path, capfd):

@@ -41,7 +41,7 @@ from qkplast.capture.models import split_revision  # noqa: E402
 from qkplast.capture.plan import plan_capture  # noqa: E402
 from qkplast.capture_format import open_capture, open_dataset  # noqa: E402
 from qkplast.pipeline.study import execute_run  # noqa: E402
-from qkplast.rundir.study_file import load_study  # noqa: E402
+from qkplast.rundir.study_file import is_done, load_study  # noqa: E402
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.acceptance
@@ -210,8 +210,10 @@ def test_smollm3_checkpoints_take_the_base_tokenizer_and_run_as_a_study(hf_home,
     done = subprocess.run([sys.executable, "-m", "qkplast.pipeline.cli", "study", str(copy_path), "--executor", "local",
                            "--stage", "analyze"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert ": ok (" in done.stdout  # validated before it was submitted
     spec = copy.runs[0]
     _check_run(spec, commits, series)
+    assert is_done(spec.run_dir, "analyze") and not is_done(spec.run_dir, "notebooks")
     attrs = open_capture(spec.run_dir / "capture.nc").attrs
     assert attrs["tokenizer_commit"] == commits["HuggingFaceTB/SmolLM3-3B", "main"]
     assert json.loads((spec.run_dir / "study-done.json").read_text())["stage"] == "analyze"

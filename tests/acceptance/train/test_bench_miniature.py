@@ -5,11 +5,13 @@ gates them and exports what chapter 10 reads; chapter 10 then reads that export 
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 
 import pandas as pd
+import pytest
 
 from qkplast.train.evaluate import load_full_run
 from qkplast.train.gates import GATES
@@ -17,13 +19,34 @@ from qkplast.train.gates import GATES
 from tests.helpers import ROOT
 
 
-def test_the_full_run_command_exports_what_chapter_10_reads(tmp_path):
-    export = tmp_path / "export"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
-           "PYTHONPATH": str(ROOT)}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+       "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def base_pilot(tmp_path_factory):
+    """``--selftest-cpu --pilot-names base --require-pass``: the "base" pilot of seed 0 trained once for the file (it
+    fails its gates, so the command stops before the full run); the other tests start from a copy of its folder,
+    where that pilot's training is finished and is read, not trained again."""
+    work = tmp_path_factory.mktemp("miniature") / "work"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_miniature.py"), "--selftest-cpu",
-                           "--pilot-names", "base", "bos", "--out", str(tmp_path / "work"), "--export", str(export)],
-                          capture_output=True, text=True, env=env, timeout=900)
+                           "--pilot-names", "base", "--require-pass", "--out", str(work)],
+                          capture_output=True, text=True, env=ENV, timeout=900)
+    return work, done
+
+
+def _from_base_pilot(base_pilot, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(base_pilot[0], work)
+    return work
+
+
+def test_the_full_run_command_exports_what_chapter_10_reads(base_pilot, tmp_path):
+    export = tmp_path / "export"
+    env = ENV
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_miniature.py"), "--selftest-cpu",
+                           "--pilot-names", "base", "bos", "--out", str(_from_base_pilot(base_pilot, tmp_path)),
+                           "--export", str(export)], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     # the two pilots named, each on the seeds studies/miniature-pilots.yaml gives it, with its gates
@@ -78,15 +101,13 @@ if __name__ == "__main__":  # the spawned workers import this file again
 """
 
 
-def test_a_pilot_that_passed_continues_as_the_full_run_in_its_own_directory(tmp_path):
+def test_a_pilot_that_passed_continues_as_the_full_run_in_its_own_directory(base_pilot, tmp_path):
     """The chosen pilot is the full setting on some of its seeds: its stage A is not trained again."""
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(WRAPPER.format(benchmarks=str(ROOT / "benchmarks")))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
-           "PYTHONPATH": str(ROOT)}
-    work = tmp_path / "work"
+    work = _from_base_pilot(base_pilot, tmp_path)
     done = subprocess.run([sys.executable, str(wrapper), "--selftest-cpu", "--pilot-names", "base", "--require-pass",
-                           "--out", str(work)], capture_output=True, text=True, env=env, timeout=900)
+                           "--out", str(work)], capture_output=True, text=True, env=ENV, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # the full run trained in the pilot's directory, where seed 0's stage A was already done (train_arm returns a
     # finished run's record at once), and nowhere else
@@ -96,13 +117,8 @@ def test_a_pilot_that_passed_continues_as_the_full_run_in_its_own_directory(tmp_
         (seed, arm) for seed in (0, 1) for arm in ("stageA", "rescaled", "control", "rescaled-short")}
 
 
-def test_require_pass_stops_after_pilots_that_failed(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
-           "PYTHONPATH": str(ROOT)}
-    work = tmp_path / "work"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_miniature.py"), "--selftest-cpu",
-                           "--pilot-names", "base", "--require-pass", "--out", str(work)],
-                          capture_output=True, text=True, env=env, timeout=900)
+def test_require_pass_stops_after_pilots_that_failed(base_pilot):
+    work, done = base_pilot
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "no pilot passed (--require-pass)" in done.stdout and "3/5 full run" not in done.stdout
     record = json.loads((work / "pilots.json").read_text())

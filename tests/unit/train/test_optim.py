@@ -29,11 +29,13 @@ def test_the_root_is_correctly_rounded_on_every_float32_of_one_to_four():
 
 def test_torch_s_own_root_is_not_correctly_rounded_here():
     """What the module replaces: ``torch.sqrt`` on the CPU misrounds part of [1, 4) (its vector-math kernel starts
-    from an approximation), so its bits depend on the CPU's approximation. On a build whose root is exact this
-    test fails, and the replacement can go."""
+    from an approximation), so its bits depend on the CPU's approximation. How many it misrounds is the processor's
+    too: more than 1% of the sample on the AMD EPYC machines (this test's earlier threshold), 0.56% on an Intel Xeon
+    of family 6, model 207, where that threshold failed. On a build whose root is exact this test fails, and the
+    replacement can go."""
     x = _float32_from(1.0, 4.0)[::64]  # [262144]
     wrong = (torch.sqrt(x) != _correctly_rounded(x)).double().mean().item()
-    assert wrong > 0.01, f"torch.sqrt misrounds {wrong:.1%} of the sample"
+    assert wrong > 0, f"torch.sqrt misrounds {wrong:.1%} of the sample"
 
 
 def test_zero_small_and_large_moments():
