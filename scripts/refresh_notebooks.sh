@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-execute every notebook in place with its default parameters, so the committed .ipynb outputs
-# (what nbval compares against) come from the defaults. Run after editing a notebook's .py file.
+# (what the notebooks' regression compares against) come from the defaults. Run after editing a notebook's .py file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # OMP_WAIT_POLICY=PASSIVE: with spinning OpenMP waits a forward pass runs 10x slower whenever another

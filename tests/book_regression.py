@@ -71,6 +71,11 @@ class BookNotebook(IPyNbFile):
 class BookCell(IPyNbCell):
     """One code cell: its committed outputs against the book run's, through nbval's comparison."""
 
+    def repr_failure(self, excinfo):
+        # nbval's heading says the cell was executed here; it was read from the book's run
+        return super().repr_failure(excinfo).replace("Notebook cell execution failed",
+                                                     "The book run's cell fails the committed notebook's")
+
     def runtest(self):
         if self.options["skip"]:
             pytest.skip()

@@ -43,6 +43,6 @@ def check_products(out: Path, manifest: dict, seq_len: int) -> None:
         assert injected and f'run_dir = "{out.resolve()}"' in injected[0].source
     assert set(manifest["versions"]) >= {"qkplast", "torch", "transformers", "papermill"}
     table = summary.compare([out])
-    assert table.loc["run", "seq_len"] == seq_len and 0 < table.loc["run", "ap_overall"] < 1
+    assert table.loc[out.name, "seq_len"] == seq_len and 0 < table.loc[out.name, "ap_overall"] < 1
     profiles = summary.context_profiles({"a": rundir.open_metrics(out), "b": rundir.open_metrics(out)})
     assert profiles.dims == ("run", "context_bin") and profiles.sizes["context_bin"] == 5

@@ -268,8 +268,10 @@ def test_readme_thesis_commands_run_as_written_through_every_stage(thesis_scale)
     nine = (out / "notebooks" / "09_results_plasticity.ipynb").read_text()
     assert json.dumps(code["note"])[1:-1] in nine  # chapter 09 says how the code capture was sized, or why not
     # chapter 10 read the committed full run the wheel ships, as the book does, and trained nothing
-    ten = (out / "notebooks" / "10_results_training.ipynb").read_text()
-    assert "checkpoints x 2 windows" in ten and "trained and measured on NVIDIA" in ten and "the preview" not in ten
+    ten = "\n".join(json.dumps(o) for cell in json.loads((out / "notebooks" / "10_results_training.ipynb").read_text())[
+        "cells"] for o in cell.get("outputs", []))  # what the cells printed, not their code
+    assert "checkpoints x 2 windows" in ten and "trained and measured on NVIDIA" in ten
+    assert "the preview trained on this page" not in ten and "the preview has no pilots" not in ten
     assert not (out / "training" / "miniature").exists()
     print(f"README rehearsal (install, check and run): {thesis_scale.seconds:.0f} s wall ({manifest['timings_s']})")
 
@@ -280,7 +282,10 @@ def test_the_gpu_check_rehearses_itself_on_the_cpu(thesis_scale):
     out = _report(thesis_scale)
     assert "exit status 0" in out and "notebooks: 13 of 13 passed" in out
     ratio = float(re.search(r"capture / bare = ([0-9.]+)", out).group(1))
-    assert 0.5 < ratio < 3  # the capture costs about the bare forward it replaces (both stop at its last layer)
+    # the capture costs about the bare forward it replaces (both stop at its last layer); both are timed beside the
+    # other pytest worker, whose load comes and goes (0.44 was measured under a load of 4 on 2 cores), so the range
+    # is wide: a capture that materialised a window's scores would cost tens of times the forward at 131072 tokens
+    assert 0.2 < ratio < 4, out[out.index("seconds per window"):]
     assert re.search(r"seconds per window \(main capture, 2 windows of 131072 tokens\): [0-9.]+", out)
     assert re.search(r"analyze of the run on the CPU: [0-9.]+ s", out) and re.search(r"budget: \d+ s used of 3600 s", out)
     print(out[out.index("seconds per window"):])
