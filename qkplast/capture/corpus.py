@@ -78,6 +78,7 @@ __all__ = [
     "iter_windows",
     "describe_policy",
     "count_windows",
+    "length_batches",
     "token_lengths",
     "windows_of_lengths",
     "python_docs_root",
@@ -788,7 +789,7 @@ def _fill_hint(spec: str, tokenizer, options, wanted: int) -> str:
         policies = [p for p in policies if p != "concat"]  # iter_windows refuses to concatenate without a separator
     room = options.seq_len - len(prefix_tokens(tokenizer))
     lengths = np.zeros(0, dtype=np.int64)  # [document read]: one tokenization serves every policy
-    for batch in _length_batches(docs, tokenizer):
+    for batch in length_batches(docs, tokenizer):
         lengths = np.concatenate([lengths, batch])
         if policies and windows_of_lengths(lengths, room, policies[0]) >= wanted:
             break  # the first policy named fills them: the rest of the corpus cannot change the hint
@@ -799,7 +800,7 @@ def _fill_hint(spec: str, tokenizer, options, wanted: int) -> str:
     return "no offline corpus here holds that many; " + generic
 
 
-def _length_batches(documents: Iterable[Document], tokenizer, batch: int = 32) -> Iterator[np.ndarray]:
+def length_batches(documents: Iterable[Document], tokenizer, batch: int = 32) -> Iterator[np.ndarray]:
     """:func:`token_lengths` a batch at a time, ``[batch]`` each: 1, 2, 4, ... documents up to ``batch``, so a caller
     that stops after a few documents has tokenized few more."""
     documents, size = iter(documents), 1
@@ -813,7 +814,7 @@ def token_lengths(documents: Iterable[Document], tokenizer, batch: int = 32) -> 
 
     Documents are encoded up to ``batch`` at a time and only their lengths kept, so a whole corpus is measured in
     the memory of one batch."""
-    return np.concatenate([np.zeros(0, dtype=np.int64), *_length_batches(documents, tokenizer, batch)])
+    return np.concatenate([np.zeros(0, dtype=np.int64), *length_batches(documents, tokenizer, batch)])
 
 
 def windows_of_lengths(lengths: np.ndarray, room: int, short_docs: str) -> int:

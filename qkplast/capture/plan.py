@@ -605,6 +605,33 @@ def _same_corpus(a: CaptureOptions, b: CaptureOptions) -> bool:
     return key(a) == key(b)
 
 
+def _windows_by_length(documents, tokenizer, wanted: CaptureOptions):
+    """``windows_at(seq_len)``: the windows of ``seq_len`` tokens the corpus yields under ``wanted.short_docs``, at
+    most ``wanted.docs``, as :func:`qkplast.capture.corpus.count_windows` counts them, from one tokenization.
+
+    The documents are encoded in growing batches until the run's own length (``wanted.seq_len``) finds its
+    ``docs`` windows, which is all a run whose corpus fills it reads; otherwise the whole corpus is encoded once,
+    and every shorter length is counted from the same token lengths
+    (:func:`qkplast.capture.corpus.windows_of_lengths`), not by encoding the corpus again for each.
+    """
+    import numpy as np
+
+    from qkplast.capture.corpus import length_batches, prefix_tokens, windows_of_lengths
+
+    prefix = len(prefix_tokens(tokenizer))
+    lengths = np.zeros(0, dtype=np.int64)  # [document read]
+
+    def count(seq_len: int) -> int:
+        found = windows_of_lengths(lengths, seq_len - prefix, wanted.short_docs) if seq_len > prefix else 0
+        return found if wanted.docs is None else min(found, wanted.docs)
+
+    for batch in length_batches(documents, tokenizer):
+        lengths = np.concatenate([lengths, batch])
+        if wanted.docs is not None and count(wanted.seq_len) >= wanted.docs:
+            break  # the run's own length is filled: the capture reads no further, and no shorter one is asked
+    return count
+
+
 def size_code_capture(main: CaptureOptions, corpus: str, tokenizer=None) -> CodeCapture:
     """The capture of ``corpus`` beside the run ``main``, sized to what that corpus yields (tokenizer only).
 
@@ -623,7 +650,7 @@ def size_code_capture(main: CaptureOptions, corpus: str, tokenizer=None) -> Code
     tokenizer : optional
         The run's tokenizer (loaded from ``main`` when omitted).
     """
-    from qkplast.capture.corpus import CorpusError, count_windows, open_corpus_for
+    from qkplast.capture.corpus import CorpusError, open_corpus_for
     from qkplast.capture.models import load_config, tokenizer_for
 
     wanted = replace(main, corpus=corpus)
@@ -640,13 +667,14 @@ def size_code_capture(main: CaptureOptions, corpus: str, tokenizer=None) -> Code
     except CorpusError as exc:
         return CodeCapture(None, "skipped", f"the code capture is skipped: {exc}")
     seq_len, bucket = wanted.seq_len, wanted.bucket_size
+    windows_at = _windows_by_length(documents, tokenizer, wanted)
     for halving in range(CODE_HALVINGS + 1):
         length, width = seq_len >> halving, max(1, bucket >> halving)
         if length < 2 or width > length:
             break
         trial = replace(wanted, seq_len=length, bucket_size=width,
                         samples_per_bucket=min(wanted.samples_per_bucket, float(width)))
-        found = count_windows(documents, tokenizer, trial, strict=False)
+        found = windows_at(length)
         need = min(MIN_CODE_WINDOWS, wanted.docs or MIN_CODE_WINDOWS)
         if found < need:
             continue

@@ -53,6 +53,20 @@ def test_code_capture_sized_to_what_its_corpus_yields(config_dir, tmp_path):
     assert (shorter.options.docs, shorter.options.seq_len, shorter.options.bucket_size) == (4, 512, 32)  # 16 buckets kept
     skipped = size_code_capture(skip, str(tiny), tok)
     assert skipped.options is None and skipped.status == "skipped" and "no prose/code comparison" in skipped.note
+    # every halving is counted from one encoding of the corpus: each document's text is tokenized once
+    encoded = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, texts, **kwargs):
+            encoded.extend([texts] if isinstance(texts, str) else texts)
+            return tok(texts, **kwargs)
+
+    corpus_chars = sum(len(doc.text) for doc in open_corpus(str(tiny)))
+    assert size_code_capture(skip, str(tiny), Counting()).status == "skipped"
+    assert corpus_chars <= sum(map(len, encoded)) < corpus_chars + 100  # once, not once per length tried (four)
     same = size_code_capture(main_run, "pydoc-topics", tok)
     assert same.options is None and same.status == "same-corpus"  # never a duplicate of the run's capture
     missing = size_code_capture(skip, str(tmp_path / "nowhere.jsonl"), tok)
