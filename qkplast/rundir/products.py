@@ -304,7 +304,7 @@ def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
 
 
 def _analysis_key(options: AnalysisOptions) -> dict:
-    from qkplast.analysis.metrics import SCHEMA_VERSION
+    from qkplast.analysis.schema import SCHEMA_VERSION
 
     return {"schema": SCHEMA_VERSION, "options": options.result_key()}
 
@@ -316,11 +316,11 @@ def load_or_analyze(run_dir, capture: xr.Dataset, options: AnalysisOptions | Non
     Returns the metrics and the analysis warnings as text (the notebooks print them, so they appear in
     the output without machine-specific file paths).
     """
-    from qkplast.analysis.metrics import analyze
-
     options = options or AnalysisOptions()
 
     def compute():
+        from qkplast.analysis.metrics import analyze  # here: reusing the cached metrics imports no torch
+
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             metrics = analyze(capture, options)
@@ -334,20 +334,24 @@ def load_or_analyze(run_dir, capture: xr.Dataset, options: AnalysisOptions | Non
 def load_or_bootstrap(run_dir, capture: xr.Dataset, options: AnalysisOptions | None = None,
                       n_boot: int = 1000) -> xr.Dataset:
     """The run's document bootstrap (``n_boot`` replicates, seeded by ``options.seed``): reused, else made and saved."""
-    from qkplast.stats.bootstrap import SCHEMA_VERSION, bootstrap
-    from qkplast.stats.reweight import supports
+    from qkplast.stats.schema import SCHEMA_VERSION, supports
 
     options = options or AnalysisOptions()
     analysis = _analysis_key(options)
     key = {"schema": [analysis["schema"], SCHEMA_VERSION], "options": analysis["options"], "n_boot": n_boot,
            "computation": "reweight" if supports(options) else "exact"}
-    return cached(run_dir, "bootstrap", key,
-                  lambda: bootstrap(capture, n_boot=n_boot, seed=options.seed, options=options))
+
+    def compute():
+        from qkplast.stats.bootstrap import bootstrap  # here: reusing the cached bootstrap imports no torch or scipy
+
+        return bootstrap(capture, n_boot=n_boot, seed=options.seed, options=options)
+
+    return cached(run_dir, "bootstrap", key, compute)
 
 
 def open_metrics(run_dir) -> xr.Dataset:
     """``RUN/metrics.nc`` for a reader of finished runs (cross-run tables), refused when older code made it."""
-    from qkplast.analysis.metrics import SCHEMA_VERSION
+    from qkplast.analysis.schema import SCHEMA_VERSION
 
     path = Path(run_dir) / "metrics.nc"
     if not path.exists():
