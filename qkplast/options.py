@@ -32,7 +32,7 @@ class UnknownOptionError(QkplastError, TypeError):
 EXECUTION_OPTIONS = ("device", "head_chunk")
 
 __all__ = ["AnalysisOptions", "CaptureOptions", "FieldSpec", "OptionsError", "PRESETS", "UnknownOptionError",
-           "coerce", "field_spec", "split_revision", "typed_option"]
+           "coerce", "field_spec", "parse_rope_scaling", "split_revision", "typed_option"]
 
 
 @dataclass(frozen=True)
@@ -504,6 +504,44 @@ def split_revision(spec: str, revision: str | None = None) -> tuple[str, str | N
             f"model {spec!r} names revision {at!r} but --revision is {revision!r}; give the revision once"
         )
     return name, revision if revision is not None else at
+
+
+#: The RoPE scaling types a ``--rope-scaling`` override may name.
+_ROPE_TYPES = ("yarn", "linear", "dynamic")
+
+
+def parse_rope_scaling(spec: str | dict | None) -> dict | None:
+    """Parse a RoPE scaling override ``TYPE:FACTOR[:ORIGINAL_MAX_POSITIONS]``.
+
+    ``yarn:4:32768`` is the thesis's Qwen3 setting (section 5.4.2). A dict is
+    returned unchanged (after checking it names a type and a factor).
+
+    Returns
+    -------
+    dict or None
+        ``{"rope_type", "factor"[, "original_max_position_embeddings"]}``.
+    """
+    if spec is None or isinstance(spec, dict):
+        if isinstance(spec, dict) and not {"rope_type", "factor"} <= set(spec):
+            raise ModelError(f"a RoPE scaling dict needs 'rope_type' and 'factor', got {sorted(spec)}")
+        return spec
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in _ROPE_TYPES:
+        raise ModelError(
+            f"bad --rope-scaling {spec!r}: expected TYPE:FACTOR[:ORIGINAL_MAX_POSITIONS] with TYPE one of "
+            f"{', '.join(_ROPE_TYPES)}, e.g. yarn:4:32768"
+        )
+    try:
+        factor = float(parts[1])
+        original = int(parts[2]) if len(parts) == 3 else None
+    except ValueError as exc:
+        raise ModelError(f"bad --rope-scaling {spec!r}: {exc}") from exc
+    if factor <= 1 or (original is not None and original <= 0):
+        raise ModelError(f"bad --rope-scaling {spec!r}: factor must exceed 1 and original positions be positive")
+    out = {"rope_type": parts[0], "factor": factor}
+    if original is not None:
+        out["original_max_position_embeddings"] = original
+    return out
 
 
 #: Named capture settings. ``default`` is the default run; ``fast`` is the short

@@ -7,14 +7,33 @@ rotation model (:mod:`~qkplast.analysis.rotation`) and attention plasticity
 Monte Carlo signs in :mod:`~qkplast.analysis.certified_signs`),
 then listwise plasticity (:mod:`~qkplast.analysis.listwise`) and the AP_drop decomposition
 (:mod:`~qkplast.analysis.decompose`). :mod:`~qkplast.analysis.gqa` and :mod:`~qkplast.analysis.pooling`
-read metrics or captures for their own questions.
+read metrics or captures for their own questions; :mod:`~qkplast.analysis.schema` holds what readers of a
+finished analysis need without running it.
 """
-
-from qkplast.analysis.decompose import decompose_drop
-from qkplast.analysis.metrics import analyze, thesis_metrics
-from qkplast.analysis.pairs import PlasticityWarning
-from qkplast.analysis.pooling import pooling_table
 
 # pca, rotation, plasticity and listwise are both modules and their one public function: the functions stay
 # in their modules (qkplast.analysis.pca.pca, ...) so that the module names are not shadowed here
 __all__ = ["PlasticityWarning", "analyze", "decompose_drop", "pooling_table", "thesis_metrics"]
+
+#: Where each public name lives. The names load on first use (PEP 562): every one of these modules imports torch,
+#: which a reader of a finished run (its metrics' schema version and taxonomy, :mod:`~qkplast.analysis.schema`)
+#: never needs.
+_HOMES = {
+    "decompose": ("decompose_drop",),
+    "metrics": ("analyze", "thesis_metrics"),
+    "pairs": ("PlasticityWarning",),
+    "pooling": ("pooling_table",),
+}
+
+
+def __getattr__(name: str):
+    home = next((module for module, names in _HOMES.items() if name in names), None)
+    if home is None:
+        raise AttributeError(f"module 'qkplast.analysis' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"qkplast.analysis.{home}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

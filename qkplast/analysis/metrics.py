@@ -17,12 +17,10 @@ from qkplast.analysis.pca import pca_dataset, pca_from_moments
 from qkplast.analysis.pairs import pair_plan
 from qkplast.analysis.plasticity import bytes_per_head, plasticity_dataset, plasticity_kernel, rotated_clouds
 from qkplast.analysis.rotation import rotation_dataset, rotation_from_moments
+# the version of analyze()'s output: bump it in qkplast.analysis.schema, which readers of finished runs import without torch
+from qkplast.analysis.schema import SCHEMA_VERSION
 
 HEAD_COORDS = ("layer", "q_head", "kv_head", "rope")
-
-#: Version of :func:`analyze`'s output: bump it when a metric is added, removed, renamed or computed
-#: differently, so run directories recompute their metrics instead of reusing stale ones.
-SCHEMA_VERSION = 3  # 2: the AP_drop decomposition rebuilt, listwise in the pass; 3: PCA components without variance get NaN correlations
 
 
 def thesis_metrics(capture: xr.Dataset, opt: AnalysisOptions) -> list[xr.Dataset]:

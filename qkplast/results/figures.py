@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import xarray as xr
 
-from qkplast.analysis.pca import TAXONOMY
+from qkplast.analysis.schema import TAXONOMY
 from qkplast.theory.checks import lemma_a2_constants, pp_from_z
 
 Q_COLOR, K_COLOR = "tab:blue", "tab:red"

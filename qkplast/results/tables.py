@@ -12,10 +12,8 @@ import math
 import numpy as np
 import pandas as pd
 import xarray as xr
-from scipy import stats
 
 from qkplast.options import AnalysisOptions
-from qkplast.stats.intervals import JACKKNIFE_BELOW, PLAIN_FROM_JACKKNIFE_BELOW
 from qkplast.results import reference
 
 #: (label, thesis fact name in scalar_facts.csv, function of the metrics, scale to the fact's unit)
@@ -132,6 +130,8 @@ def bias_by_layer_band(metrics: xr.Dataset, n_bands: int = 3) -> pd.DataFrame:
     families; a single model has one, so the groups here are bands of layers, the analogue within one
     model: a pooled correlation can hide within-band ones of the other sign.
     """
+    from scipy import stats  # here, not at the top: the tables that only read a run's metrics need no scipy
+
     layer = metrics.layer.values
     edges = np.quantile(layer, np.linspace(0, 1, n_bands + 1))
     band = np.clip(np.searchsorted(edges, layer, side="right") - 1, 0, n_bands - 1)
@@ -170,8 +170,8 @@ INTERVALS = (("basic", "lo_basic", "hi_basic"), ("percentile", "lo_percentile", 
 
 
 def _interval_words(name: str) -> str:
-    """How pages print an interval method's name (:data:`qkplast.stats.bootstrap.INTERVAL_NAMES`)."""
-    from qkplast.stats.bootstrap import INTERVAL_NAMES
+    """How pages print an interval method's name (:data:`qkplast.stats.schema.INTERVAL_NAMES`)."""
+    from qkplast.stats.schema import INTERVAL_NAMES
 
     return INTERVAL_NAMES.get(name, name)
 
@@ -253,6 +253,8 @@ def thesis_trajectory() -> pd.DataFrame:
 
 def benchmark_correlations() -> pd.DataFrame:
     """Pearson and Spearman correlations of plasticity metrics with LongBench-Pro (Table 6.3, 7 models)."""
+    from scipy import stats
+
     lb = reference.load("longbench_matched")
     rows = []
     for metric in ("ap_drop", "ap_last20", "ap_first20", "ap_overall"):
@@ -323,6 +325,8 @@ def policy_rows(table: pd.DataFrame, unbounded: bool = False) -> pd.DataFrame:
     measured before the policy took the plain interval for those quantities has them in its ``policy`` rows too;
     this selection reads the interval the policy uses now.
     """
+    from qkplast.stats.intervals import JACKKNIFE_BELOW, PLAIN_FROM_JACKKNIFE_BELOW
+
     methods = ("policy (unbounded)", "policy (re-analysed, unbounded)") if unbounded else POLICY_METHODS
     plain_methods = tuple(m.replace("policy", "jackknife-t", 1) for m in methods)
     base = table.quantity.str.replace(r" \(.*\)$", "", regex=True)

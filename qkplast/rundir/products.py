@@ -33,7 +33,8 @@ import xarray as xr
 
 from qkplast.errors import QkplastError
 from qkplast.capture_format import open_capture, open_dataset, save_dataset
-from qkplast.options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, typed_option
+from qkplast.options import (CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError,
+                             parse_rope_scaling, typed_option)
 from qkplast.rundir.study_file import STAGES
 
 __all__ = ["CHECKPOINTS_DIR", "CODE_DIR", "MANIFEST", "STAGES", "Run", "RunError", "cached", "capture_differences",
@@ -120,8 +121,6 @@ def run_settings(run_dir, namespace: dict | None = None, **overrides) -> tuple[C
 
 def capture_differences(recorded: dict, wanted: CaptureOptions) -> list[str]:
     """Settings that change what is captured and differ between a recorded dict and ``wanted``."""
-    from qkplast.capture.models import parse_rope_scaling
-
     out = []
     for name, value in wanted.result_key().items():
         if name not in recorded or name in CAPTURE_EXECUTION_OPTIONS or (name == "dtype" and value == "auto"):
@@ -172,14 +171,14 @@ def ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOpt
     preflight of ``options`` (:func:`qkplast.capture.plan.preflight`) that the caller made after checking this
     directory's settings (:func:`qkplast.pipeline.stages.check_before_weights`); neither is made again.
     """
-    from qkplast.capture.driver import run_capture
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if plan is None:
         check_same_capture(run_dir, options)
     path = run_dir / "capture.nc"
     if not path.exists():
+        from qkplast.capture.driver import run_capture  # the capture stack, only when there is something to capture
+
         # the plan only when there is one: run_capture makes its own otherwise
         run_capture(options, path, progress=progress, loaded=loaded, **({} if plan is None else {"plan": plan}))
     clear_leftover_parts(run_dir)
@@ -192,16 +191,24 @@ def ensure_capture(run_dir: Path, options: CaptureOptions, analysis: AnalysisOpt
     return path
 
 
+def _quiet_if_capturing(run_dir):
+    """:func:`~qkplast.capture.models.quiet_transformers` when ``RUN/capture.nc`` is still to be made (the model
+    loads), else a context that does nothing: a finished run is read without importing transformers."""
+    if (Path(run_dir) / "capture.nc").exists():
+        return contextlib.nullcontext()
+    from qkplast.capture.models import quiet_transformers
+
+    return quiet_transformers()
+
+
 def load_or_capture(run_dir, options: CaptureOptions | None = None) -> xr.Dataset:
     """Open ``RUN/capture.nc``, or capture it first; ``options`` default to the run's recorded settings.
 
     Other settings than the existing capture's are an error, never mixed.
     """
-    from qkplast.capture.models import quiet_transformers
-
     run_dir = Path(run_dir)
     options = options or run_settings(run_dir)[0]
-    with quiet_transformers():
+    with _quiet_if_capturing(run_dir):
         path = ensure_capture(run_dir, options, AnalysisOptions(seed=options.seed))
     cap = open_capture(path)
     diff = capture_differences(cap.attrs, options)
@@ -287,8 +294,10 @@ def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
     main = run_dir / f"{stem}.nc"
     other = run_dir / f"{stem}-{hashlib.sha1(text.encode()).hexdigest()[:10]}.nc"
     for path in (main, other):
-        if path.exists() and _stored_key(path) == text:
-            return open_dataset(path)
+        if path.exists():
+            ds = open_dataset(path)  # once: a chapter reading a finished run reads each product once, not twice
+            if ds.attrs.get("cache_key") == text:
+                return ds
     target = main if not main.exists() or _same_but_schema(_stored_key(main), key) else other
     ds = compute()
     ds.attrs["cache_key"] = text
@@ -297,7 +306,7 @@ def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
 
 
 def _analysis_key(options: AnalysisOptions) -> dict:
-    from qkplast.analysis.metrics import SCHEMA_VERSION
+    from qkplast.analysis.schema import SCHEMA_VERSION
 
     return {"schema": SCHEMA_VERSION, "options": options.result_key()}
 
@@ -309,11 +318,11 @@ def load_or_analyze(run_dir, capture: xr.Dataset, options: AnalysisOptions | Non
     Returns the metrics and the analysis warnings as text (the notebooks print them, so they appear in
     the output without machine-specific file paths).
     """
-    from qkplast.analysis.metrics import analyze
-
     options = options or AnalysisOptions()
 
     def compute():
+        from qkplast.analysis.metrics import analyze  # here: reusing the cached metrics imports no torch
+
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             metrics = analyze(capture, options)
@@ -327,20 +336,24 @@ def load_or_analyze(run_dir, capture: xr.Dataset, options: AnalysisOptions | Non
 def load_or_bootstrap(run_dir, capture: xr.Dataset, options: AnalysisOptions | None = None,
                       n_boot: int = 1000) -> xr.Dataset:
     """The run's document bootstrap (``n_boot`` replicates, seeded by ``options.seed``): reused, else made and saved."""
-    from qkplast.stats.bootstrap import SCHEMA_VERSION, bootstrap
-    from qkplast.stats.reweight import supports
+    from qkplast.stats.schema import SCHEMA_VERSION, supports
 
     options = options or AnalysisOptions()
     analysis = _analysis_key(options)
     key = {"schema": [analysis["schema"], SCHEMA_VERSION], "options": analysis["options"], "n_boot": n_boot,
            "computation": "reweight" if supports(options) else "exact"}
-    return cached(run_dir, "bootstrap", key,
-                  lambda: bootstrap(capture, n_boot=n_boot, seed=options.seed, options=options))
+
+    def compute():
+        from qkplast.stats.bootstrap import bootstrap  # here: reusing the cached bootstrap imports no torch or scipy
+
+        return bootstrap(capture, n_boot=n_boot, seed=options.seed, options=options)
+
+    return cached(run_dir, "bootstrap", key, compute)
 
 
 def open_metrics(run_dir) -> xr.Dataset:
     """``RUN/metrics.nc`` for a reader of finished runs (cross-run tables), refused when older code made it."""
-    from qkplast.analysis.metrics import SCHEMA_VERSION
+    from qkplast.analysis.schema import SCHEMA_VERSION
 
     path = Path(run_dir) / "metrics.nc"
     if not path.exists():
@@ -393,8 +406,7 @@ class Run:
         (:func:`qkplast.capture.plan.size_code_capture`) or why it was left out; a run made otherwise is sized
         here (tokenizer only) and captured on first use. Returns ``(None, note)`` when there is no code capture.
         """
-        from qkplast.capture.models import quiet_transformers
-        from qkplast.capture.plan import CodeCapture, size_code_capture
+        from qkplast.capture.plan import CodeCapture
 
         manifest = read_manifest(self.dir) or {}
         record = manifest.get("code") or {}
@@ -403,7 +415,10 @@ class Run:
             if record["status"] == "failed":
                 return None, record["note"]
         else:
-            with quiet_transformers():
+            from qkplast.capture.models import quiet_transformers
+            from qkplast.capture.plan import size_code_capture
+
+            with quiet_transformers():  # the code corpus is sized with the model's tokenizer
                 sized = size_code_capture(self.options, corpus)
             manifest["code"] = {"corpus": corpus, "main": self.options.result_key(), **sized.to_dict()}
             write_manifest(self.dir, manifest)
@@ -419,9 +434,7 @@ class Run:
 
 
 def _open_run(run_dir: Path, options: CaptureOptions, analysis: AnalysisOptions) -> Run:
-    from qkplast.capture.models import quiet_transformers
-
-    with quiet_transformers():
+    with _quiet_if_capturing(run_dir):
         path = ensure_capture(run_dir, options, analysis)
     capture = open_capture(path)
     metrics, notes = load_or_analyze(run_dir, capture, analysis)

@@ -21,17 +21,56 @@ null sets) and chapter 13's conditions (:mod:`~qkplast.stats.condition_readings`
 :mod:`~qkplast.stats.power`.
 """
 
-from qkplast.stats.bootstrap import (bca_interval, bootstrap, document_interval, document_jackknife, document_jackknife2,
-                                     head_bootstrap)
-from qkplast.stats.reweight import reweighted_statistics
-from qkplast.stats.intervals import (COVERAGE_TARGET, bounded_t_interval, interval_policy, jackknife_t, policy_interval,
-                                     t_interval)
-from qkplast.stats.decision import conjunction, coverage_verdict, holm, holm_verdicts, null_verdict, rejects, verdict
-from qkplast.stats.intervention_readings import effect_table, functional_check, load_readings, readings
-from qkplast.stats.condition_readings import condition_table, describe_conditions, mechanism_reading, read_conditions
+import sys as _sys
+import types as _types
 
 __all__ = ["COVERAGE_TARGET", "bca_interval", "bootstrap", "bounded_t_interval", "condition_table", "conjunction",
            "coverage_verdict", "describe_conditions", "document_interval", "document_jackknife", "document_jackknife2",
            "effect_table", "functional_check", "head_bootstrap", "holm", "holm_verdicts", "interval_policy",
            "jackknife_t", "load_readings", "mechanism_reading", "null_verdict", "policy_interval", "read_conditions",
            "readings", "rejects", "reweighted_statistics", "t_interval", "verdict"]
+
+
+#: Where each public name lives. The names load on first use (PEP 562): these modules import torch or scipy, which
+#: a reader of a finished run (the bootstrap's cache key and the interval methods' words,
+#: :mod:`~qkplast.stats.schema`) never needs.
+_HOMES = {
+    "bootstrap": ("bca_interval", "bootstrap", "document_interval", "document_jackknife", "document_jackknife2",
+                  "head_bootstrap"),
+    "reweight": ("reweighted_statistics",),
+    "intervals": ("COVERAGE_TARGET", "bounded_t_interval", "interval_policy", "jackknife_t", "policy_interval",
+                  "t_interval"),
+    "decision": ("conjunction", "coverage_verdict", "holm", "holm_verdicts", "null_verdict", "rejects", "verdict"),
+    "intervention_readings": ("effect_table", "functional_check", "load_readings", "readings"),
+    "condition_readings": ("condition_table", "describe_conditions", "mechanism_reading", "read_conditions"),
+}
+
+
+def __getattr__(name: str):
+    home = next((module for module, names in _HOMES.items() if name in names), None)
+    if home is None:
+        raise AttributeError(f"module 'qkplast.stats' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"qkplast.stats.{home}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(_types.ModuleType):
+    """This package, whose ``bootstrap`` is the function of :mod:`~qkplast.stats.bootstrap`, not that module.
+
+    The import system binds a submodule to its package's attribute of the same name when it first loads it (here
+    by whichever import comes first, :func:`__getattr__`'s or another module's). This file once imported the
+    function after the module, which rebound the name; loading on first use keeps it so here instead.
+    """
+
+    def __setattr__(self, name, value):
+        if name == "bootstrap" and isinstance(value, _types.ModuleType):
+            value = value.bootstrap
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

@@ -57,15 +57,13 @@ from qkplast.stats.intervals import (SIGNED_RANGE, UNIT_RANGE, interval_policy, 
                                      policy_interval)
 from qkplast.stats.reweight import STATISTICS, reweighted_statistics, supports
 from qkplast.analysis.rotation import rotation_kernel
+# the version of bootstrap()'s output (bump it in qkplast.stats.schema) and the interval methods' words, which readers
+# of finished runs import from there without torch or scipy
+from qkplast.stats.schema import INTERVAL_NAMES, SCHEMA_VERSION  # noqa: F401
 
 METRICS = STATISTICS
 #: replicates by default: enough for 95% percentile and BCa end points
 DEFAULT_REPLICATES = 1000
-#: Version of :func:`bootstrap`'s output: bump it when its variables or intervals change, so run
-#: directories recompute their bootstrap instead of reusing a stale one.
-SCHEMA_VERSION = 4  # 2: lo/hi are the inference policy's interval, basic in lo_basic/hi_basic; 3: below 8 documents
-#                     the policy's standard error is the corrected estimate's own (leave-two-out values, jackknife2);
-#                     4: the jackknife intervals on the logit / Fisher-z scale of each statistic's range (RANGES)
 #: each statistic's range: the AP aggregates are probabilities ([0, 1], logit scale), AP_drop the difference of two
 #: ([-1, 1], Fisher's z scale); bias_strength and key_position_slope have none. The jackknife intervals (the
 #: policy's among them) are computed on the unbounded scale and mapped back, so they stay inside.
@@ -298,12 +296,6 @@ def _exceptions(per_metric: np.ndarray, policy: str) -> str:
     """``"; ap_drop: jackknife-t"`` for the metrics whose interval differs from ``policy`` (variable ``interval``)."""
     other = [f"{m}: {INTERVAL_NAMES[p]}" for m, p in zip(METRICS, per_metric) if p != policy]
     return "; " + ", ".join(other) if other else ""
-
-
-#: the words for each interval method, as tables and pages print them
-INTERVAL_NAMES = {"jackknife": "jackknife-t", "jackknife_t": "jackknife-t", "jackknife_bc": "bias-corrected jackknife-t",
-                  "jackknife_bc2": "two-level bias-corrected jackknife-t", "bca": "BCa",
-                  "basic": "basic", "percentile": "percentile"}
 
 
 def documents_of(capture: xr.Dataset) -> np.ndarray:

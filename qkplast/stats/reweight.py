@@ -47,16 +47,13 @@ from qkplast.options import AnalysisOptions
 from qkplast.analysis.vectors import analysis_vectors
 from qkplast.analysis.pairs import pair_plan
 from qkplast.analysis.plasticity import bucket_weights, edge_masks
+# whether reweighted_statistics() reproduces the analysis: defined in qkplast.stats.schema, where run directories read
+# it (the bootstrap's cache key) without torch
+from qkplast.stats.schema import supports
 
 _SQRT1_2 = 1 / math.sqrt(2)
 #: the model-level statistics of a replicate, in this order
 STATISTICS = ("ap_overall", "ap_first20", "ap_last20", "ap_drop", "bias_strength", "key_position_slope")
-
-
-def supports(options: AnalysisOptions) -> bool:
-    """Whether :func:`reweighted_statistics` reproduces the analysis for these options."""
-    return (options.covariance, options.semantic_stats, options.positional_fit, options.query_position,
-            options.pair_docs) == ("diagonal", "per_bucket", "global", "midpoint", "same")
 
 
 def fast_pairwise_plasticity(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:

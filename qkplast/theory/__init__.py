@@ -6,9 +6,27 @@ known answer, for tests and coverage checks; :mod:`~qkplast.theory.rope` reads a
 embedding (section 2.3).
 """
 
-from qkplast.theory.checks import check_lemma_a1, check_lemma_a2, check_population_rate, check_theorem_4_4
-from qkplast.theory.planted import planted_capture
-from qkplast.theory.rope import model_rotary
-
 __all__ = ["check_lemma_a1", "check_lemma_a2", "check_population_rate", "check_theorem_4_4", "model_rotary",
            "planted_capture"]
+
+
+#: Where each public name lives. The names load on first use (PEP 562): :mod:`~qkplast.theory.checks` imports scipy
+#: and :mod:`~qkplast.theory.rope` torch, which a chapter drawing a finished run's figures never needs.
+_HOMES = {
+    "checks": ("check_lemma_a1", "check_lemma_a2", "check_population_rate", "check_theorem_4_4"),
+    "planted": ("planted_capture",),
+    "rope": ("model_rotary",),
+}
+
+
+def __getattr__(name: str):
+    home = next((module for module, names in _HOMES.items() if name in names), None)
+    if home is None:
+        raise AttributeError(f"module 'qkplast.theory' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"qkplast.theory.{home}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from qkplast.theory.planted import random_orthogonal
+
+# scipy.stats (about a second to import) is imported by the functions that use it: CheckResult and the Lemma A.2
+# constants are read by chapters that draw a finished run's figures or a model's RoPE, which never need it
 
 C0_MILLS = 4 / math.sqrt(2 * math.pi)
 #: ``int 4 Phi(u) Phi(-u) du`` over the real line: ``4 / sqrt(pi)`` (``int Phi (1 - Phi) = E|X - Y| / 2``).
@@ -66,6 +68,8 @@ class CheckResult:
 
 def pp_from_z(z: np.ndarray) -> np.ndarray:
     """Pairwise plasticity ``4 Phi(z) Phi(-z)`` (eq. 4.14), stable in both tails."""
+    from scipy import stats
+
     return 4 * stats.norm.cdf(z) * stats.norm.cdf(-z)
 
 
@@ -102,6 +106,8 @@ def check_lemma_a1(dim: int = 16, n_pairs: int = 8, n_draws: int = 200_000, posi
     formulas use (1 = the lemma's setting); any other value should fail the
     check, which shows that it has power.
     """
+    from scipy import stats
+
     rng = np.random.default_rng(seed)
     p = random_model(rng, dim, correlated)
     chol = np.linalg.cholesky(p["cov_b"])
@@ -150,6 +156,8 @@ def sharp_inequality(z=None) -> pd.DataFrame:
     every z, so nothing is checked on a grid; the table shows the two probabilities and the two sides at a
     few points (default: 0, 0.5, ..., 4).
     """
+    from scipy import stats
+
     z = np.arange(0.0, 4.01, 0.5) if z is None else np.abs(np.asarray(z, float))
     square = (2 * stats.norm.cdf(z) - 1) ** 2
     disk = -np.expm1(-z * z / 2)
@@ -275,6 +283,7 @@ def population_ap(t, sigma_delta: float = 1.0, v: float = 1.0, beta: float = 1.0
 
     Returns AP_t with the shape of ``t``.
     """
+    from scipy import stats
     from scipy.integrate import simpson
 
     t = np.asarray(t, float)
@@ -302,6 +311,8 @@ def population_rate_limit(sigma_delta: float = 1.0, v: float = 1.0, beta: float 
 
     It does not depend on ``alpha`` or ``z0``: the integral of ``4 Phi(u) Phi(-u)`` is shift-invariant.
     """
+    from scipy import stats
+
     return stats.norm.pdf(0.0, scale=sigma_delta) * math.sqrt(v) / abs(beta) * PP_INTEGRAL
 
 
@@ -363,6 +374,7 @@ def population_ap_prefix_drift(t, key_drift: float = 1.0, sigma_delta: float = 1
     stay plastic, which needs ``eps`` near ``-key_drift d / sigma_delta``: the pair law moves with t, and
     ``AP_t`` falls like ``log t / t^2`` instead of the ``1/t`` of a fixed law.
     """
+    from scipy import stats
     from scipy.integrate import simpson
 
     out = []

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from qkplast.analysis.metrics import SCHEMA_VERSION
+from qkplast.analysis.schema import SCHEMA_VERSION
 from qkplast.errors import QkplastError
 from qkplast.options import AnalysisOptions, CaptureOptions
 from qkplast.train.config import TrainConfig
