@@ -39,26 +39,49 @@ def _qkplast(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
                           env=env or _env(), timeout=timeout)
 
 
+def _signal_when_parts(proc, run_dir: Path, parts: int, timeout: float = 900) -> int | None:
+    """While ``qkplast study`` runs in ``proc``: once ``parts`` documents of ``run_dir``'s capture are written, send
+    its job's process the signal submitit's local executor sends at a job's timeout (USR2), once. Returns the
+    signalled process id (None when the capture ended first)."""
+    from submitit.local.local import LocalJobEnvironment
+
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        written = len(list((run_dir / "capture.nc.parts").glob("doc-*.nc")))
+        state = run_dir / "study-state.json"
+        if written >= parts and state.exists():
+            pid = json.loads(state.read_text())["pid"]
+            os.kill(pid, LocalJobEnvironment._usr_sig())
+            return pid
+        time.sleep(0.1)
+    return None
+
+
 def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, wide_dir):
-    # Run "a" gets the timeout signal 30 s into each attempt (60 s limit, 30 s signal delay) and has more
-    # windows than one attempt captures, so it spans several attempts, each resuming from the parts on disk:
-    # 90 windows of 1024 tokens with every head planned, so each forward runs to the last layer's attention
-    # (a capture stops at its last planned layer: 5 sampled heads in the first layers made the windows so cheap
-    # that a fast machine finished all 40 of them in the first attempt, leaving nothing to resume), about 0.4 s
-    # each on an idle core after a few seconds of start-up. Run "b" is small and has its own resources (a second
-    # job group); it finishes at once.
-    # Each attempt is signalled 30 s after it starts: on a slow machine the start-up (imports, model load, the
-    # parts already written read back) took most of a 15-s attempt, and attempts stopped making progress; 90
-    # windows still take more than one 30-s attempt on a fast idle core.
-    docs = 90
+    # Run "a" gets the timeout signal (the one submitit's local executor sends a job signal_delay_s before its
+    # limit) once 4 of its 24 windows are written: sent by the test when the parts are on disk, not by a clock, so
+    # that a fast machine cannot finish the capture in the first attempt (at 30 s a 2-core Intel Xeon captured all
+    # 90 windows of an earlier version of this test before the clock's signal came) and a slow one does not need
+    # many attempts (the clock's version took 6 minutes on the 2-core AMD EPYC). The job checkpoints, exits with
+    # submitit's requeue status and the executor starts it again as the same job, which resumes from the parts.
+    # submitit counts a signal as the timeout (not a preemption) when the job has run for its guaranteed time,
+    # min(0.8 x limit, limit - 10 min): under a 10-minute limit, always, and the executor's own signal (at 9.5
+    # minutes) never comes. Run "b" is small and has its own resources (a second job group); it finishes at once.
+    docs = 24
     study = write_yaml(tmp_path / "s.yaml", {
         "name": "requeue", "out": str(tmp_path / "out"),
         "defaults": {"corpus": "stdlib-code", "seq_len": 1024, "bucket_size": 64, "samples_per_bucket": 2,
                      "heads": 32, "docs": docs},
-        "resources": {"timeout_min": 1.0, "signal_delay_s": 30, "max_num_timeout": 15},
+        "resources": {"timeout_min": 10, "max_num_timeout": 15},
         "models": [{"id": str(wide_dir), "name": "a"},
                    {"id": str(wide_dir), "name": "b", "seed": 1, "docs": 2, "resources": {"timeout_min": 10}}]})
-    r = _qkplast("study", str(study), "--executor", "local", "--stage", "capture")
+    proc = subprocess.Popen([sys.executable, "-m", "qkplast.pipeline.cli", "study", str(study), "--executor", "local",
+                             "--stage", "capture"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+    signalled = _signal_when_parts(proc, tmp_path / "out" / "a", parts=4)
+    stdout, stderr = proc.communicate(timeout=900)
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert signalled is not None, "the capture of run a ended before 4 of its parts were written: " + r.stdout
     jobs = json.loads((tmp_path / "out" / "study.json").read_text())["runs"]
     first_job = jobs["a"]["job_id"]
     # On a busy machine the local executor's retries (6 at most) may end before the capture does; running
@@ -79,6 +102,7 @@ def test_local_jobs_requeued_after_a_timeout_resume_from_their_parts(tmp_path, w
     a = attempts["a"]
     first = [x for x in a if x["job_id"] == first_job]
     assert len(first) >= 2, f"the job was never requeued ({a})"  # requeued as the same job
+    assert first[0]["pid"] == signalled and first[1]["pid"] != signalled  # the signalled attempt, then a new process
     # an attempt that starts after the prose capture is complete (the batch then captures the code corpus)
     # finds its parts merged into capture.nc: it counts as all documents done
     resumed = [docs if x.get("capture_done") else x["parts_at_start"] for x in a[1:]]
