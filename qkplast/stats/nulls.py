@@ -69,6 +69,8 @@ QUANTILES = (0.5, 0.05, 0.95)
 #: took 17-21 s of CPU on one thread in blocks of 24 to 64 heads (no clear optimum between), against 90 s of CPU
 #: for the former whole-chunk gather, both measured beside other work on the 2-core machine
 NULL_CPU_MB = 8
+#: Permutations (whole draw chunks) per pass of the workers over the heads in :func:`diagonal_null`.
+PERM_BATCH = 32
 
 
 # --------------------------------------------------------------------------- order statistics
@@ -101,7 +103,8 @@ def quantiles(x: torch.Tensor, q) -> torch.Tensor:
     hi = s[..., above].movedim(-1, 0)
     shape = (len(qt),) + (1,) * (lo.dim() - 1)
     out = torch.lerp(lo, hi, weights.view(shape).expand_as(lo))
-    return torch.where(torch.isnan(x).any(-1), torch.full_like(out, float("nan")), out)
+    has_nan = torch.isnan(s[..., -1])  # NaN sorts last: a row holds one when its largest is NaN
+    return torch.where(has_nan, torch.full_like(out, float("nan")), out)
 
 
 def _summary(x: torch.Tensor, spread: str) -> torch.Tensor:
@@ -269,7 +272,14 @@ def diagonal_buckets(x: torch.Tensor, delta: torch.Tensor, var_diag: torch.Tenso
     return out
 
 
-def permuted_energy(x: torch.Tensor, delta: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+def gather_index(perm: torch.Tensor) -> torch.Tensor:
+    """``[1, dim, perm * n]`` the index :func:`permuted_energy` gathers with, from permutations ``[perm, dim, n]``:
+    one row per coordinate, its permutations one after another, shared by every head (formed once per batch)."""
+    k, d, n = perm.shape
+    return perm.transpose(0, 1).reshape(1, d, k * n)
+
+
+def permuted_energy(x: torch.Tensor, delta: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``sum_m (sum_d x[h, d, perm[k, d, m]] delta[h, p, d])^2`` for a block of heads: the semantic score
     deviations' sum of squares after permuting each coordinate's queries.
 
@@ -279,33 +289,33 @@ def permuted_energy(x: torch.Tensor, delta: torch.Tensor, perm: torch.Tensor) ->
         ``[head, dim, n]`` one bucket's centred coordinates (queries along the contiguous last axis).
     delta : torch.Tensor
         ``[head, pair, dim]`` key differences.
-    perm : torch.Tensor
-        ``[perm, dim, n]`` a permutation of the ``n`` queries per coordinate, shared by every head.
+    index : torch.Tensor
+        ``[1, dim, perm * n]`` the :func:`gather_index` of ``perm`` ``[perm, dim, n]``, a permutation of the ``n``
+        queries per coordinate shared by every head.
 
     Returns
     -------
     torch.Tensor
         ``[perm, head, pair]``.
     """
-    k, d, n = perm.shape
-    h, p = delta.shape[:2]
-    idx = perm.transpose(0, 1).reshape(1, d, k * n)  # [1, dim, perm*n]: one index row per coordinate, every head's
+    h, d, n = x.shape
+    p, kn = delta.shape[1], index.shape[-1]
     # the block's gathered coordinates and projections live in buffers reused block after block (scratch), which
-    # stay in the core's cache; a flat index_select with a precomputed index measured slower (its index's traffic)
-    g = torch.gather(x, 2, idx.expand(h, -1, -1), out=scratch("null_gather", (h, d, k * n), x))  # [head, dim, perm*n]
-    proj = torch.matmul(delta, g, out=scratch("null_proj", (h, p, k * n), x))  # [head, pair, perm*n]
-    return proj.square_().view(h, p, k, n).sum(-1).permute(2, 0, 1)  # [perm, head, pair]
+    # stay in the core's cache; a flat index_select with a precomputed index measured no faster (its index's traffic)
+    g = torch.gather(x, 2, index.expand(h, -1, -1), out=scratch("null_gather", (h, d, kn), x))  # [head, dim, perm*n]
+    proj = torch.matmul(delta, g, out=scratch("null_proj", (h, p, kn), x))  # [head, pair, perm*n]
+    return proj.square_().view(h, p, kn // n, n).sum(-1).permute(2, 0, 1)  # [perm, head, pair]
 
 
-def diagonal_ratios(buckets: list[DiagonalBucket], perms: list[torch.Tensor], heads: slice) -> torch.Tensor:
+def diagonal_ratios(buckets: list[DiagonalBucket], index: list[torch.Tensor], heads: slice) -> torch.Tensor:
     """``v_diag / v_full`` of every usable (bucket, pair) of the heads ``heads`` under each permutation.
 
-    ``perms[i]`` ``[perm, dim-1, n]`` is bucket ``buckets[i]``'s. Returns ``[perm, head, term]`` (the buckets'
+    ``index[i]`` is bucket ``buckets[i]``'s :func:`gather_index`. Returns ``[perm, head, term]`` (the buckets'
     pairs one after another).
     """
     out = []
-    for blk, perm in zip(buckets, perms):
-        e = permuted_energy(blk.x[heads], blk.delta[heads], perm)  # [perm, head, pair]
+    for blk, idx in zip(buckets, index):
+        e = permuted_energy(blk.x[heads], blk.delta[heads], idx)  # [perm, head, pair]
         out.append(blk.v_diag[heads] / (e / blk.n1 + blk.v1[heads]))  # v_full as _ratio_diag_full forms it
     return torch.cat(out, -1)
 
@@ -329,14 +339,18 @@ def diagonal_null(capture: xr.Dataset, n_perm: int = 1000, pairs_per_bucket: int
     observed_all = _summary(s.all_pairs(lambda d, sl: _ratio_diag_full(d, var[sl], s.x[sl], s.n, sig[sl])), spread)
     h, _, m, dim = s.x.shape
     buckets = diagonal_buckets(s.x, s.delta, var, sig, s.n, s.ok)
-    chunk = s.head_chunk(8 * (dim + pairs_per_bucket) * perm_chunk * m)  # gathered coordinates, projections
+    # draws chunk by chunk (perm_chunk), computed a batch of draw chunks at a time: one pass of the workers over the
+    # heads per batch, not per chunk
+    batch = perm_chunk * max(1, PERM_BATCH // perm_chunk)
+    chunk = s.head_chunk(8 * (dim + pairs_per_bucket) * batch * m)  # gathered coordinates, projections
     null = []
-    for p0 in range(0, n_perm, perm_chunk):
-        pc = min(perm_chunk, n_perm - p0)
-        perm = _bucket_permutations(s.qmask, pc, (dim,), gen, slot_last=True)  # [perm, bucket, dim, n_max]
-        perms = [perm[:, blk.bucket, 1:, : blk.x.shape[-1]] for blk in buckets]  # [perm, dim-1, n] each
-        parts = map_head_chunks(lambda sl: diagonal_ratios(buckets, perms, sl), h, chunk, s.dev)
-        null.append(_summary(torch.cat(parts, 1).reshape(pc, -1), spread))  # [perm, 4]
+    for b0 in range(0, n_perm, batch):
+        drawn = [_bucket_permutations(s.qmask, min(perm_chunk, n_perm - p0), (dim,), gen, slot_last=True)
+                 for p0 in range(b0, min(b0 + batch, n_perm), perm_chunk)]  # [perm, bucket, dim, n_max] each
+        perm = torch.cat(drawn)
+        index = [gather_index(perm[:, blk.bucket, 1:, : blk.x.shape[-1]]) for blk in buckets]  # [1, dim-1, perm*n]
+        parts = map_head_chunks(lambda sl: diagonal_ratios(buckets, index, sl), h, chunk, s.dev)
+        null.append(_summary(torch.cat(parts, 1).reshape(perm.shape[0], -1), spread))  # [perm, 4]
     return _result(observed, observed_all, torch.cat(null), "v_diag / v_full", spread, n_perm, pairs_per_bucket,
                    seed, "each rotated semantic coordinate permuted independently across the bucket's queries "
                          "(one permutation per bucket and coordinate, shared by all heads)")
@@ -364,7 +378,7 @@ def bucket_moments(onehot: torch.Tensor, features: torch.Tensor) -> torch.Tensor
 
 
 def bucket_spread(s1: torch.Tensor, s_a: torch.Tensor, d2: torch.Tensor, v1: torch.Tensor, count: torch.Tensor,
-                  ok_bucket: torch.Tensor) -> torch.Tensor:
+                  buckets: torch.Tensor) -> torch.Tensor:
     """Per head, the median over pairs of ``max_b v / min_b v`` with ``v`` eq. 4.12's variance of each pair, from
     each bucket's sums.
 
@@ -384,8 +398,9 @@ def bucket_spread(s1: torch.Tensor, s_a: torch.Tensor, d2: torch.Tensor, v1: tor
         ``[head, pair]`` the positional term ``delta_1^2 sigma_pos^2``.
     count : torch.Tensor
         ``[bucket, 1]`` the buckets' sample counts (at least 2).
-    ok_bucket : torch.Tensor
-        ``[bucket]`` the buckets compared.
+    buckets : torch.Tensor
+        The positions of the buckets compared (long): an index, not a mask, so no replicate waits on the host
+        to learn a mask's size.
 
     Returns
     -------
@@ -395,7 +410,7 @@ def bucket_spread(s1: torch.Tensor, s_a: torch.Tensor, d2: torch.Tensor, v1: tor
     h, k, b, d = s1.shape
     mean_part = torch.matmul((s1 * s1).view(h, k * b, d), d2.transpose(1, 2)).view(h, k, b, -1)  # sum_d d2 S1^2
     v = (s_a - mean_part / count) / (count - 1) + v1[:, None, None]  # [head, perm, bucket, pair]
-    v = v[:, :, ok_bucket]
+    v = v.index_select(2, buckets)
     return (v.amax(-2) / v.amin(-2)).median(-1).values
 
 
@@ -432,10 +447,11 @@ def bucket_shuffle_null(capture: xr.Dataset, n_perm: int = 1000, pairs_per_bucke
     # per sample, x and sum_d d2_d x_d^2 of every pair: one product gives each relabelled bucket's sums of both
     features = torch.cat([sem, torch.matmul(sem * sem, d2_sem.transpose(1, 2))], -1)  # [head, sample, dim-1 + pair]
     cnt = torch.as_tensor(lay.counts, device=s.dev, dtype=sem.dtype).clamp_min(2)[:, None]  # [bucket, 1]
+    compared = torch.nonzero(s.ok_bucket).flatten()  # [bucket'] the buckets with enough queries
 
     def block(sl, onehot):  # the null statistic of the heads sl under every relabelling: [head, perm]
         m = bucket_moments(onehot, features[sl])  # [head, perm, bucket, dim-1 + pair]
-        return bucket_spread(m[..., : sem.shape[-1]], m[..., sem.shape[-1]:], d2_sem[sl], v1[sl], cnt, s.ok_bucket)
+        return bucket_spread(m[..., : sem.shape[-1]], m[..., sem.shape[-1]:], d2_sem[sl], v1[sl], cnt, compared)
 
     observed = per_head(s.model.cov[..., 1:])
     d_all = s.bucket_delta_all(-1)[:, s.valid_all[-1]]  # [head, pair, dim]
@@ -526,12 +542,12 @@ def independence_null(capture: xr.Dataset, n_perm: int = 1000, pairs_per_bucket:
     nb1 = (s.n - 1)[None, :, None, None]  # [1, bucket, 1, 1]
     two_d1 = (2 * s.delta[..., 0])[:, :, None]  # [head, bucket, 1, pair]
     vi = v_indep[:, :, None]  # [head, bucket, 1, pair]
-    ok_bp = s.ok  # [bucket, pair]
+    terms = torch.nonzero(s.ok.reshape(-1)).flatten()  # [term] the usable (bucket, pair) of every head, row-major
 
     def block(sl, perm):  # [perm, head, term] ratios of the heads sl, as ratio() forms them
         cross = cross_terms(x1[sl], proj[sl], perm) / nb1  # [head, bucket, perm, pair]
         r = (vi[sl] + two_d1[sl] * cross) / vi[sl]
-        return r.permute(2, 0, 1, 3)[:, :, ok_bp]  # [perm, head, term]
+        return r.permute(2, 0, 1, 3).reshape(r.shape[2], r.shape[0], -1).index_select(2, terms)  # [perm, head, term]
 
     chunk = s.head_chunk(8 * perm_chunk * b * (m + 3 * proj.shape[-1]))
     null = []
