@@ -14,8 +14,9 @@ The chapter on corrections (notebook 07) reads:
 * :func:`load_or_slope_nulls`: both position-shuffle nulls of :mod:`qkplast.stats.shuffles` (items 5 and 9), from
   one pass over the shared permutations;
 * :func:`load_or_plasticity`: :func:`qkplast.analysis.plasticity.plasticity` with other options than the run's;
-* :func:`load_or_pair_bounds`: Theorem 4.4's constants per head (:func:`qkplast.theory.checks.aggregate_bound_for_heads`)
-  and the ``|delta_1|`` of every valid pair, from :func:`qkplast.analysis.plasticity.pair_statistics`;
+* :func:`load_or_pair_bounds`: Theorem 4.4's constants per head
+  (:func:`qkplast.theory.checks.aggregate_bound_for_heads`) and the ``|delta_1|`` of every valid pair, from
+  :func:`qkplast.analysis.plasticity.pair_statistics`;
 * :func:`load_or_basis_dependence`: :func:`qkplast.theory.checks.basis_dependence`;
 * :func:`load_or_pooling_table`: :func:`qkplast.analysis.pooling.pooling_table` from the cached
   :func:`qkplast.analysis.pooling.within_document_ap`.
@@ -46,8 +47,8 @@ SCHEMA_VERSION = 1
 NULLS = ("diagonal", "bucket_shuffle", "independence")
 
 #: The qkplast code of the products below: the subpackages they live in and every module they import from (the
-#: options, the device and float64 helpers); the theory's products add "theory".
-_CODE = ("analysis", "stats", "tensors.py", "options.py")
+#: options, the device and float64 helpers) and this module, which lays them out; the theory's products add "theory".
+_CODE = ("analysis", "stats", "tensors.py", "options.py", "rundir/derived.py")
 
 
 def _provenance(*extra: str) -> dict:
@@ -66,8 +67,8 @@ def _analysis(options: AnalysisOptions | None, **overrides) -> AnalysisOptions:
 def frame_dataset(frame: pd.DataFrame, prefix: str = "") -> xr.Dataset:
     """A ``DataFrame`` as a Dataset that :func:`dataset_frame` turns back into the same frame.
 
-    Each column becomes a variable ``prefix + str(i)`` along a dim ``prefix + "row"``; the column names, the index
-    (its values, name and dtype) and the order travel in attrs and coords.
+    Each column becomes a variable ``prefix + str(i)`` along a dim ``prefix + "row"``; the column names and their
+    order, the index's values, name and kind travel in attrs and coords.
     """
     row = prefix + "row"
     data = {f"{prefix}{i}": (row, frame[c].to_numpy()) for i, c in enumerate(frame.columns)}

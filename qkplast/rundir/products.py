@@ -7,6 +7,8 @@ A *run directory* holds everything one capture setting produced::
     RUN/capture.nc           the capture (qkplast.capture_format contract), resumable through RUN/capture.nc.parts/
     RUN/metrics.nc           qkplast.analyze with the run's analysis options
     RUN/bootstrap.nc         the document bootstrap of the run's metrics
+    RUN/null-*.nc, ...       other products a chapter computes from the capture (qkplast.rundir.derived:
+                             permutation nulls, plasticity with other options, bounds, tables)
     RUN/code/                the same for the code corpus (notebook 09)
     RUN/checkpoints/SLUG/    the same for each checkpoint a notebook reads (notebook 10)
     RUN/notebooks/*.ipynb    the executed notebooks (papermill)

@@ -52,7 +52,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from qkplast.tensors import argsort_last, as_f64, auto_chunk, map_head_chunks, resolve_device, scratch, sort_last
+from qkplast.tensors import (argsort_last, as_f64, auto_chunk, map_head_chunks, matmul, resolve_device, scratch,
+                             sort_last)
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.vectors import analysis_vectors
 from qkplast.analysis.pairs import pair_plan
@@ -178,7 +179,8 @@ class _Setup:
         return self.kr[:, self.lay.pi[b]] - self.kr[:, self.lay.pj[b]]
 
     def all_pairs(self, ratio) -> torch.Tensor:
-        """``ratio(delta, heads)`` ``[head, bucket, pair]`` of every valid drawn pair, flat in (head, bucket, pair) order.
+        """``ratio(delta, heads)`` ``[head, bucket, pair]`` of every valid drawn pair, flat in (head, bucket, pair)
+        order.
 
         A few heads at a time (:func:`qkplast.tensors.map_head_chunks`): all pairs' differences and score deviations
         of all heads are hundreds of MB, each head's a few; the values are the same.
@@ -303,7 +305,8 @@ def permuted_energy(x: torch.Tensor, delta: torch.Tensor, index: torch.Tensor) -
     # the block's gathered coordinates and projections live in buffers reused block after block (scratch), which
     # stay in the core's cache; a flat index_select with a precomputed index measured no faster (its index's traffic)
     g = torch.gather(x, 2, index.expand(h, -1, -1), out=scratch("null_gather", (h, d, kn), x))  # [head, dim, perm*n]
-    proj = torch.matmul(delta, g, out=scratch("null_proj", (h, p, kn), x))  # [head, pair, perm*n]
+    # numpy's BLAS on the CPU (qkplast.tensors.matmul): 1.3x torch's on these four-row products
+    proj = matmul(delta, g, out=scratch("null_proj", (h, p, kn), x))  # [head, pair, perm*n]
     return proj.square_().view(h, p, kn // n, n).sum(-1).permute(2, 0, 1)  # [perm, head, pair]
 
 
