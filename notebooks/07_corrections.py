@@ -50,12 +50,13 @@ import pandas as pd
 
 from qkplast.results import reference
 from qkplast.results import tables as results
-from qkplast.stats import nulls, shuffles
+from qkplast.stats import nulls
 from qkplast.stats.decision import coverage_verdict, holm_verdicts, null_verdict, rejects
 from qkplast.theory import checks as theory
 from qkplast.options import AnalysisOptions
-from qkplast.rundir import chapter_run, load_or_analyze, load_or_bootstrap
-from qkplast.analysis.plasticity import PlasticityWarning, effective_pairs, pair_statistics, plasticity
+from qkplast.rundir import (chapter_run, load_or_analyze, load_or_basis_dependence, load_or_bootstrap, load_or_null,
+                             load_or_pair_bounds, load_or_plasticity, load_or_slope_nulls)
+from qkplast.analysis.plasticity import PlasticityWarning, effective_pairs
 from qkplast.stats.intervals import COVERAGE_TARGET, JACKKNIFE_BELOW, policy_interval
 from transformers import MllamaTextConfig  # after qkplast, which silences tqdm's ipywidgets warning
 
@@ -63,7 +64,8 @@ run = chapter_run(run_dir, globals())  # the run's settings from its manifest (d
 capture = run.capture
 seed, bucket_size = run.analysis.seed, run.options.bucket_size
 metrics, notes = load_or_analyze(run_dir, capture, AnalysisOptions(seed=seed))  # the thesis's defaults, whatever the run chose
-stats = pair_statistics(capture, seed=seed)
+# every product below computed from the capture is kept in the run directory (qkplast.rundir.derived) under a key of
+# its settings and of the code that makes it: a second execution reads it back, a change of that code recomputes it
 warnings.simplefilter("ignore", PlasticityWarning)  # bucket 0 has no key pairs; notes holds that message
 readings = []  # one entry per empirical reading; the words are decided together at the end (Holm)
 
@@ -164,7 +166,7 @@ summary.unstack("world").round(3)
 # basis-free (an exact check, no null needed).
 
 # %%
-basis = theory.basis_dependence(capture, seed=seed, heads=slice(0, check_heads))
+basis = load_or_basis_dependence(run_dir, capture, seed=seed, heads=slice(0, check_heads))  # theory.basis_dependence
 assert basis.loc["full", "max_abs_change_ap"] < 1e-9, "the full-covariance closed form must be basis-free"
 print(f"the diagonal closed form moves under a change of basis: {basis.loc['diagonal', 'max_abs_change_ap'] > 1e-3}")
 basis.map(lambda v: f"{v:.3g}" if abs(v) > 1e-12 else "< 1e-12")
@@ -178,7 +180,7 @@ basis.map(lambda v: f"{v:.3g}" if abs(v) > 1e-12 else "< 1e-12")
 # 5-95% range of $\log(v_{\text{diag}}/v_{\text{full}})$.
 
 # %%
-r1 = nulls.diagonal_null(capture, n_perm=n_null, seed=seed)
+r1 = load_or_null(run_dir, capture, "diagonal", n_perm=n_null, seed=seed)  # nulls.diagonal_null
 v, text, table = nulls.describe(r1, "v_diag / v_full", "within-bucket permutation of each coordinate")
 readings.append({"item": "1. semantic coordinates correlated within a bucket", "p": v["p"]})
 print(text)
@@ -188,7 +190,8 @@ table
 # How much the default (diagonal) analysis differs from the full-covariance one on this model:
 
 # %%
-full = plasticity(capture, covariance="full", seed=seed)
+# qkplast.analysis.plasticity.plasticity, its closed form alone (the page reads no Monte Carlo value of it)
+full = load_or_plasticity(run_dir, capture, covariance="full", seed=seed, monte_carlo=False)
 names = ["ap_overall", "ap_first20", "ap_last20", "ap_drop"]
 pd.DataFrame({"diagonal (eq. 4.12)": [float(metrics[n].mean()) for n in names],
               "full (Lemma A.1)": [float(full[n].mean()) for n in names],
@@ -207,7 +210,7 @@ pd.DataFrame({"diagonal (eq. 4.12)": [float(metrics[n].mean()) for n in names],
 # the bucket. The statistic is the median over heads.
 
 # %%
-r2 = nulls.bucket_shuffle_null(capture, n_perm=n_null, seed=seed)
+r2 = load_or_null(run_dir, capture, "bucket_shuffle", n_perm=n_null, seed=seed)  # nulls.bucket_shuffle_null
 v, text, table = nulls.describe(r2, "per head, median of max_b v / min_b v", "bucket labels shuffled within documents")
 readings.append({"item": "2. v depends on the query bucket", "p": v["p"]})
 print(text)
@@ -230,7 +233,7 @@ table
 # 5-95% range of the log ratio.
 
 # %%
-r3 = nulls.independence_null(capture, n_perm=n_null, seed=seed)
+r3 = load_or_null(run_dir, capture, "independence", n_perm=n_null, seed=seed)  # nulls.independence_null
 v, text, table = nulls.describe(r3, "v_joint / v_indep", "coordinate 1 permuted within buckets")
 readings.append({"item": "3. positional residual depends on the semantic coordinates", "p": v["p"]})
 print(text)
@@ -247,8 +250,8 @@ table
 # quantity of Definition 4.3 the rate itself changes (item 8).
 
 # %%
-d1 = np.abs(stats.delta1.values[stats.valid.values])
-bounds = theory.aggregate_bound_for_heads(stats, metrics)
+# |delta_1| of every valid (head, pair) term and theory.aggregate_bound_for_heads of pair_statistics
+d1, bounds = load_or_pair_bounds(run_dir, capture, metrics, AnalysisOptions(seed=seed))
 print(f"|delta_1| over all valid (head, pair) terms: median {np.median(d1):.3f}, "
       f"share below 1% of the median {np.mean(d1 < 0.01 * np.median(d1)):.3%}, smallest below 1e-4 of the "
       f"median: {d1.min() < 1e-4 * np.median(d1)}")
@@ -272,7 +275,7 @@ print(f"bound start T in window lengths: median {start['median']:,.0f} (two sign
 # even under the null, which is why the null is needed.
 
 # %%
-sign = shuffles.key_slope_sign_null(capture, n_perm=n_null, seed=seed)
+sign = load_or_slope_nulls(run_dir, capture, n_perm=n_null, seed=seed)["key_slope_sign"]  # shuffles.key_slope_sign_null
 v = null_verdict(sign["observed"], sign["null"], null_name="position permutation")
 readings.append({"item": "5. full slope has the sign of bias_strength", "p": v["p"]})
 print(f"heads whose key_position_slope has the sign of bias_strength: {v['text']} (word decided at the end)")
@@ -303,7 +306,7 @@ assert check.details["n_fail_before_T0"] > 0
 # difference is an upper bound on what the midpoint costs.
 
 # %%
-per_bucket = plasticity(capture, positional_fit="per_bucket", seed=seed)
+per_bucket = load_or_plasticity(run_dir, capture, positional_fit="per_bucket", seed=seed, monte_carlo=False)
 extra = (metrics.beta_pos**2 * bucket_size**2 / 12 / metrics.sigma2_pos)
 print(f"beta_pos^2 B^2 / 12 relative to sigma_pos^2: median {float(extra.median()):.2e}")
 print(f"mean |AP(global fit) - AP(per-bucket fit)|: {float(np.nanmean(np.abs(per_bucket.ap - metrics.ap))):.4f}")
@@ -347,7 +350,7 @@ iv = results.with_intervals(boot).loc[["bias_strength", "key_position_slope"]]
 print(iv.attrs["note"])
 difference = lambda v: (boot[v].sel(metric="key_position_slope") - boot[v].sel(metric="bias_strength")).values  # noqa: E731
 off = policy_interval(difference("estimate"), difference("jackknife"), difference("jackknife2"))
-off_null = nulls.off_axis_null(capture, n_perm=n_null, seed=seed)
+off_null = load_or_slope_nulls(run_dir, capture, n_perm=n_null, seed=seed)["off_axis"]  # nulls.off_axis_null
 v = null_verdict(off_null["observed"], off_null["null"], null_name="position permutation")
 readings.append({"item": "9. key_position_slope exceeds bias_strength (off-axis term > 0)", "p": v["p"],
                  "estimate": off_null["observed"], "lo": float(off["lo"]), "hi": float(off["hi"]), "claim": "greater"})
@@ -378,7 +381,7 @@ iv
 # one). The reading "the decline reverses under the definition's weighting" is decided with the others at the end.
 
 # %%
-prefix = plasticity(capture, seed=seed, pair_weight="prefix")
+prefix = load_or_plasticity(run_dir, capture, seed=seed, pair_weight="prefix", monte_carlo=False)
 weighting = pd.DataFrame({"uniform (estimator)": [float(metrics[n].mean()) for n in names],
                           "prefix (Definition 4.3)": [float(prefix[n].mean()) for n in names]}, index=names)
 prefix_boot = load_or_bootstrap(run_dir, capture, AnalysisOptions(seed=seed, pair_weight="prefix"), n_boot)
@@ -407,9 +410,9 @@ weighting.round(4)
 # cell the within-document variances are themselves noisy.
 
 # %%
-from qkplast.analysis.pooling import pooling_table
+from qkplast.rundir import load_or_pooling_table  # qkplast.analysis.pooling.pooling_table, kept in the run directory
 
-pooling, reading = pooling_table(capture, names, seed=seed)
+pooling, reading = load_or_pooling_table(run_dir, capture, names, seed=seed)
 print(reading)
 pooling.round(4)
 

@@ -179,6 +179,29 @@ def einsum(equation: str, *operands: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.einsum(equation, *(x.numpy() for x in operands)))
 
 
+def sort_last(x: torch.Tensor) -> torch.Tensor:
+    """``x`` sorted along its last axis, NaN last, as ``torch.sort(x, -1).values``.
+
+    On the CPU numpy's sort, which is vectorised: about ten times ``torch.sort`` on float64 rows of 1e4-1e5
+    values (the permutation nulls' quantiles), with the same sorted values. Elsewhere ``torch.sort`` on the device.
+    """
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.sort(x.detach().contiguous().numpy(), axis=-1))
+    return torch.sort(x, dim=-1).values
+
+
+def argsort_last(x: torch.Tensor) -> torch.Tensor:
+    """The permutation that sorts ``x`` along its last axis (``torch.argsort(x, -1)``).
+
+    On the CPU numpy's vectorised argsort (five times torch's on the permutation nulls' short rows of random
+    keys). Ties may be ordered otherwise than by torch; keys drawn from a continuous distribution have none, so
+    the permutation is the same. Elsewhere ``torch.argsort`` on the device.
+    """
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.argsort(x.detach().contiguous().numpy(), axis=-1))
+    return torch.argsort(x, dim=-1)
+
+
 def gram(x: torch.Tensor) -> torch.Tensor:
     """``x^T x`` ``[..., dim, dim]`` of ``x`` ``[..., sample, dim]`` (a scatter matrix when ``x`` is centred)."""
     return matmul(x.transpose(-1, -2), x)

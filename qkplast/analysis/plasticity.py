@@ -463,10 +463,10 @@ class PlasticityChunk:
     """What :func:`plasticity_kernel` returns for a chunk of heads; :func:`plasticity_dataset` joins the chunks."""
 
     ap: torch.Tensor  # [head, bucket] closed form
-    ap_mc: torch.Tensor  # [head, bucket] Monte Carlo
-    ap_mc_se: torch.Tensor  # [head, bucket]
+    ap_mc: torch.Tensor | None  # [head, bucket] Monte Carlo (None: not computed)
+    ap_mc_se: torch.Tensor | None  # [head, bucket]
     map_sum: torch.Tensor  # [head, cell] closed-form sums per 2D-map cell
-    map_mc_sum: torch.Tensor  # [head, cell]
+    map_mc_sum: torch.Tensor | None  # [head, cell]
     map_count: torch.Tensor  # [head, cell] pairs per cell with a defined value
     fit: torch.Tensor  # [head, 3] alpha_pos, beta_pos, sigma2_pos
     n_bad_var: int  # valid (head, pair) combinations with zero score variance
@@ -505,21 +505,24 @@ def rotated_clouds(m: CloudMoments, lay: PairPlan, opt: AnalysisOptions) -> Rota
 
 
 def plasticity_kernel(m: CloudMoments, lay: PairPlan, opt: AnalysisOptions, rotated: Rotated | None = None,
-                      block_hook=None) -> PlasticityChunk:
+                      block_hook=None, monte_carlo: bool = True) -> PlasticityChunk:
     """Closed-form and Monte Carlo plasticity of a chunk of heads (eqs. 4.10-4.14), from its centred clouds.
 
     ``rotated`` (from :func:`rotated_clouds`) is computed here when not given; ``block_hook`` is handed to
-    :func:`pair_kernel` and its per-bucket result kept in the chunk's ``extra``.
+    :func:`pair_kernel` and its per-bucket result kept in the chunk's ``extra``. Without ``monte_carlo`` the
+    Monte Carlo fields are None (the closed form is the same).
     """
     rot = rotated or rotated_clouds(m, lay, opt)
     out = pair_kernel(rot.qr, rot.kr, lay.pi, lay.pj, rot.model, lay.qidx, lay.qmask, opt.mc_unbiased,
-                      block_hook=block_hook)
+                      monte_carlo=monte_carlo, block_hook=block_hook)
     pp, pp_mc = out[:2]
     map_sum, map_count = _map_sums(pp, lay)
     model = rot.model
+    mc = pp_mc is not None
     return PlasticityChunk(
-        ap=weighted_pair_mean(pp, lay.pweight), ap_mc=weighted_pair_mean(pp_mc, lay.pweight),
-        ap_mc_se=weighted_pair_se(pp_mc, lay.pweight), map_sum=map_sum, map_mc_sum=_map_sums(pp_mc, lay)[0],
+        ap=weighted_pair_mean(pp, lay.pweight), ap_mc=weighted_pair_mean(pp_mc, lay.pweight) if mc else None,
+        ap_mc_se=weighted_pair_se(pp_mc, lay.pweight) if mc else None, map_sum=map_sum,
+        map_mc_sum=_map_sums(pp_mc, lay)[0] if mc else None,
         map_count=map_count, fit=torch.stack([model.alpha_pos, model.beta_pos, model.sigma2_pos], -1),
         n_bad_var=int((torch.isnan(pp) & lay.pvalid).sum()), extra=out[2] if block_hook is not None else None,
     )
@@ -534,7 +537,8 @@ def _map_sums(pp: torch.Tensor, lay: PairPlan) -> tuple[torch.Tensor, torch.Tens
     return total.index_add_(1, lay.cell, torch.nan_to_num(flat) * ok), count.index_add_(1, lay.cell, ok)
 
 
-def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
+def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, *, monte_carlo: bool = True,
+               **overrides) -> xr.Dataset:
     """Closed-form and Monte Carlo attention plasticity per head and query bucket.
 
     Returns a Dataset with ``ap``, ``ap_mc`` (dims ``head, query_bucket``);
@@ -543,7 +547,9 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     ``ap_mc_map`` (``head, key_distance, query_distance``) with ``map_count``;
     the positional fit ``alpha_pos``, ``beta_pos``, ``sigma2_pos``.
     NaN marks a bucket without admissible pairs or with too few queries, with a
-    :class:`PlasticityWarning` naming the bucket.
+    :class:`PlasticityWarning` naming the bucket. ``monte_carlo=False`` leaves out every Monte Carlo variable
+    (``ap_mc``, ``ap_mc_se``, the ``_mc`` aggregates, ``ap_mc_map``), whose certified signs are most of the work;
+    the closed-form ones are the same.
     """
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     capture = analysis_vectors(capture, opt)
@@ -551,7 +557,7 @@ def plasticity(capture: xr.Dataset, options: AnalysisOptions | None = None, **ov
     lay = pair_plan(capture, opt, dev, warn=True)
     chunk = opt.head_chunk or auto_chunk(bytes_per_head(lay, capture.sizes["dim"], opt, True, dev), dev, SCRATCH_CPU_MB)
     kernel = lambda sl: plasticity_kernel(  # noqa: E731
-        cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt)
+        cloud_moments(*head_vectors(capture, sl, dev), lay.t, scatter=False), lay, opt, monte_carlo=monte_carlo)
     return plasticity_dataset(map_head_chunks(kernel, capture.sizes["head"], chunk, dev), lay,
                               int(capture.attrs["seq_len"]), opt)
 
@@ -563,28 +569,28 @@ def plasticity_dataset(chunks: list[PlasticityChunk], lay: PairPlan, seq_len: in
         warnings.warn(f"{n_bad_var} (head, pair) combinations have zero score variance (identical keys "
                       "or degenerate queries); they are left out of the averages", PlasticityWarning, stacklevel=3)
     cat = lambda name: to_numpy(torch.cat([getattr(c, name) for c in chunks]))  # noqa: E731
-    ap, ap_mc, count = cat("ap"), cat("ap_mc"), cat("map_count")
+    mc = chunks[0].ap_mc is not None  # Monte Carlo variables computed
+    ap, count = cat("ap"), cat("map_count")
     pairs, width, counts = lay.pairs, lay.width, lay.counts
     aggregates = lambda a, suffix: {  # noqa: E731
         f"{name}{suffix}": value for name, value in summarize_profile(a, pairs.tau, width, counts, seq_len, opt).items()
     }
     shape = (-1, opt.map_bins, opt.map_bins)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ap_map, ap_mc_map = (np.where(count > 0, cat(name) / np.maximum(count, 1), np.nan).reshape(shape)
-                             for name in ("map_sum", "map_mc_sum"))
+        ap_map, ap_mc_map = (np.where(count > 0, cat(name) / np.maximum(count, 1), np.nan).reshape(shape) if mc
+                             or name == "map_sum" else None for name in ("map_sum", "map_mc_sum"))
     fit = cat("fit")
     edges = np.linspace(0.0, seq_len, opt.map_bins + 1)
     centers = 0.5 * (edges[1:] + edges[:-1])
     first20, last20 = edge_masks(pairs.tau, seq_len, opt)
+    hb, hkq = ("head", "query_bucket"), ("head", "key_distance", "query_distance")
+    variables = {"ap": (hb, ap), "ap_mc": (hb, cat("ap_mc")) if mc else None,
+                 "ap_mc_se": (hb, cat("ap_mc_se")) if mc else None, **aggregates(ap, ""),
+                 **(aggregates(cat("ap_mc"), "_mc") if mc else {}), "ap_map": (hkq, ap_map),
+                 "ap_mc_map": (hkq, ap_mc_map) if mc else None}
     ds = xr.Dataset(
         {
-            "ap": (("head", "query_bucket"), ap),
-            "ap_mc": (("head", "query_bucket"), ap_mc),
-            "ap_mc_se": (("head", "query_bucket"), cat("ap_mc_se")),
-            **aggregates(ap, ""),
-            **aggregates(ap_mc, "_mc"),
-            "ap_map": (("head", "key_distance", "query_distance"), ap_map),
-            "ap_mc_map": (("head", "key_distance", "query_distance"), ap_mc_map),
+            **{name: v for name, v in variables.items() if v is not None},
             "map_count": (("key_distance", "query_distance"), count[0].reshape(shape[1:])),
             "alpha_pos": ("head", fit[:, 0]),
             "beta_pos": ("head", fit[:, 1]),
@@ -607,21 +613,32 @@ def plasticity_dataset(chunks: list[PlasticityChunk], lay: PairPlan, seq_len: in
         },
     )
     ds["ap"].attrs["meaning"] = "mean Gaussian closed-form pairwise plasticity 4 Phi(z) Phi(-z) over key pairs (eqs. 4.11-4.14)"
-    ds["ap_mc"].attrs["meaning"] = "mean empirical 4 p (1-p) from the bucket's captured queries, same key pairs"
-    ds["ap_mc_se"].attrs["meaning"] = (
-        "Monte Carlo standard error of ap_mc over the key-pair draw (weighted sd / sqrt(n) over pairs); the "
-        "pairs share the bucket's queries, so query-sampling error is not included")
+    if mc:
+        ds["ap_mc"].attrs["meaning"] = "mean empirical 4 p (1-p) from the bucket's captured queries, same key pairs"
+        ds["ap_mc_se"].attrs["meaning"] = (
+            "Monte Carlo standard error of ap_mc over the key-pair draw (weighted sd / sqrt(n) over pairs); the "
+            "pairs share the bucket's queries, so query-sampling error is not included")
     ds.attrs["pair_weight"] = opt.pair_weight
     return ds
 
 
-def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | None = None, **overrides) -> xr.Dataset:
+#: The variances :func:`pair_statistics` returns, by name: ``(covariance, positional_fit)`` of the query model.
+PAIR_VARIANCES = {"v_diag": ("diagonal", None), "v_full": ("full", None), "v_indep": ("full", "per_bucket"),
+                  "v_joint": ("joint", "per_bucket")}
+
+
+def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | None = None,
+                    variances=tuple(PAIR_VARIANCES), **overrides) -> xr.Dataset:
     """The closed form's terms for every key pair of selected heads, for the theory pages.
 
     Parameters
     ----------
     heads : int, slice or sequence of int, optional
         Positions along ``head`` (all when None).
+    variances : sequence of str
+        Which of :data:`PAIR_VARIANCES` to return (all by default); the one of the options' covariance is always
+        there (``pp``, ``gamma`` and ``z0`` rest on it). A full covariance's quadratic form of every pair is the
+        costly part: a reader of the diagonal one alone skips the others.
 
     Returns
     -------
@@ -648,16 +665,22 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
     model = query_model(qr, lay.t, lay.onehot, lay.tau, opt)
     delta = kr[:, lay.pi] - kr[:, lay.pj]  # [head, bucket, pair, dim]: every term is returned, so formed once
     pp = closed_form_kernel(delta, model)
+    own = {"diagonal": "v_diag", "full": "v_full", "joint": "v_joint"}[opt.covariance]
+    unknown = set(variances) - set(PAIR_VARIANCES)
+    if unknown:
+        raise ValueError(f"unknown variances {sorted(unknown)}: choose from {list(PAIR_VARIANCES)}")
     variants = {}
-    for name, cov, fit in (("v_diag", "diagonal", opt.positional_fit), ("v_full", "full", opt.positional_fit),
-                           ("v_indep", "full", "per_bucket"), ("v_joint", "joint", "per_bucket")):
+    for name, (cov, fit) in PAIR_VARIANCES.items():
+        if name not in variances and name != own:
+            continue
         m = query_model(qr, lay.t, lay.onehot, lay.tau,
-                        AnalysisOptions.from_kwargs(opt, covariance=cov, positional_fit=fit, semantic_stats="per_bucket"))
+                        AnalysisOptions.from_kwargs(opt, covariance=cov, positional_fit=fit or opt.positional_fit,
+                                                    semantic_stats="per_bucket"))
         if m.full:
             variants[name] = torch.einsum("hbpd,hbde,hbpe->hbp", delta, m.cov, delta)
         else:
             variants[name] = torch.einsum("hbpd,hbd->hbp", delta * delta, m.cov)
-    v = {"diagonal": variants["v_diag"], "full": variants["v_full"], "joint": variants["v_joint"]}[opt.covariance]
+    v = variants[own]
     mu = torch.einsum("hbpd,hbd->hbp", delta, model.mean)
     d1 = delta[..., 0]
     sd = torch.sqrt(v)
@@ -671,8 +694,8 @@ def pair_statistics(capture: xr.Dataset, heads=None, options: AnalysisOptions | 
     out = xr.Dataset(
         {
             "delta1": (dims, nan(d1)), "mu": (dims, nan(mu)), "pp": (dims, nan(pp)),
-            "v_diag": (dims, nan(variants["v_diag"])), "v_full": (dims, nan(variants["v_full"])),
-            "v_indep": (dims, nan(variants["v_indep"])), "v_joint": (dims, nan(variants["v_joint"])), "gamma": (dims, nan(gamma)), "z0": (dims, nan(z0)),
+            **{name: (dims, nan(v)) for name, v in variants.items()},
+            "gamma": (dims, nan(gamma)), "z0": (dims, nan(z0)),
             "valid": (dims, to_numpy(valid)),
             "key_distance": (("query_bucket", "pair"), np.abs(pos[pairs.i] - pos[pairs.j])),
             "query_distance": (("query_bucket", "pair"), pairs.tau[:, None] - 0.5 * (pos[pairs.i] + pos[pairs.j])),

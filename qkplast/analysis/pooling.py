@@ -108,9 +108,14 @@ def pooling_table(capture: xr.Dataset, names=("ap_overall", "ap_first20", "ap_la
     The table has one row per aggregate and the columns "pooled over documents
     (estimator)", "within documents (Definition 4.1)" and their difference; the
     line gives the median within-document share of the semantic variance and
-    the mean pooling excess (:func:`within_document_ap`).
+    the mean pooling excess (:func:`within_document_ap`, read by :func:`pooling_summary`).
     """
-    pool = within_document_ap(capture, options, **overrides)
+    return pooling_summary(within_document_ap(capture, options, **overrides), names)
+
+
+def pooling_summary(pool: xr.Dataset, names=("ap_overall", "ap_first20", "ap_last20", "ap_drop")
+                    ) -> tuple[pd.DataFrame, str]:
+    """:func:`pooling_table`'s table and line from :func:`within_document_ap`'s Dataset ``pool``."""
     table = pd.DataFrame({"pooled over documents (estimator)": [float(pool[f"{n}_pooled"].mean()) for n in names],
                           "within documents (Definition 4.1)": [float(pool[f"{n}_within"].mean()) for n in names]},
                          index=list(names))

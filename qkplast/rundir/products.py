@@ -7,6 +7,8 @@ A *run directory* holds everything one capture setting produced::
     RUN/capture.nc           the capture (qkplast.capture_format contract), resumable through RUN/capture.nc.parts/
     RUN/metrics.nc           qkplast.analyze with the run's analysis options
     RUN/bootstrap.nc         the document bootstrap of the run's metrics
+    RUN/null-*.nc, ...       other products a chapter computes from the capture (qkplast.rundir.derived:
+                             permutation nulls, plasticity with other options, bounds, tables)
     RUN/code/                the same for the code corpus (notebook 09)
     RUN/checkpoints/SLUG/    the same for each checkpoint a notebook reads (notebook 10)
     RUN/notebooks/*.ipynb    the executed notebooks (papermill)
@@ -253,20 +255,51 @@ def _key_text(key: dict) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def _stored_key(path: Path) -> str | None:
-    return open_dataset(path).attrs.get("cache_key")
+#: Entries of a cache key that say which code (and where) made a product, not which setting it is.
+_CODE_ENTRIES = ("schema", "provenance")
 
 
-def _same_but_schema(stored: str | None, key: dict) -> bool:
-    """Whether a stored key is the same setting made by older code (or by code before cache keys existed)."""
+def _same_but_code(stored: str | None, key: dict) -> bool:
+    """Whether a stored key is the same setting made by other code (another schema or provenance, or code before
+    cache keys existed): such a file is recomputed in place, not kept beside the new one."""
     if stored is None:
         return True
     try:
         old = json.loads(stored)
     except json.JSONDecodeError:
         return True
-    return {k: v for k, v in old.items() if k != "schema"} == json.loads(_key_text(
-        {k: v for k, v in key.items() if k != "schema"}))
+    if not isinstance(old, dict):
+        return True
+    return {k: v for k, v in old.items() if k not in _CODE_ENTRIES} == json.loads(_key_text(
+        {k: v for k, v in key.items() if k not in _CODE_ENTRIES}))
+
+
+#: Products read in this process, by path: ``(stat signature, dataset)``, the newest last (see :func:`_read`).
+_READ: dict = {}
+#: How many products :func:`_read` keeps, and the largest it keeps (bytes of data).
+_READ_KEEP, _READ_MAX_BYTES = 16, 64 * 2**20
+
+
+def _read(path: Path) -> xr.Dataset:
+    """``open_dataset(path)``, or a shallow copy of this process's last read of the same unchanged file.
+
+    A chapter opens one product more than once (the run's metrics in :func:`load_run`, then for its own options in
+    :func:`load_or_analyze`); opening a netCDF file of 70 variables takes half a second. The copy has its own
+    attrs and variables, its arrays are shared (products are read, not written in place).
+    """
+    path = path.resolve()
+    st = path.stat()
+    signature = (st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _READ.get(path)
+    if hit is not None and hit[0] == signature:
+        return hit[1].copy()
+    ds = open_dataset(path)
+    _READ.pop(path, None)
+    if ds.nbytes <= _READ_MAX_BYTES:
+        _READ[path] = (signature, ds)
+        while len(_READ) > _READ_KEEP:
+            _READ.pop(next(iter(_READ)))
+    return ds.copy()
 
 
 def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
@@ -274,8 +307,9 @@ def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
 
     The first setting of a product takes ``RUN/STEM.nc``; another setting ``RUN/STEM-<hash of key>.nc``
     and never overwrites it. ``key`` should hold a ``schema`` entry, the version of the output of the code
-    that computes the product: a file made with the same setting by older code (another schema, or no
-    key at all) is recomputed in place, never reused stale.
+    that computes the product, and may hold a ``provenance`` entry (:func:`qkplast.provenance.product_provenance`):
+    a file made with the same setting by other code (another schema or provenance, or no key at all) is
+    recomputed in place, never reused stale. A file is opened once: the key is read from the dataset returned.
 
     Parameters
     ----------
@@ -293,12 +327,14 @@ def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
     text = _key_text(key)
     main = run_dir / f"{stem}.nc"
     other = run_dir / f"{stem}-{hashlib.sha1(text.encode()).hexdigest()[:10]}.nc"
+    stored = {}
     for path in (main, other):
         if path.exists():
-            ds = open_dataset(path)  # once: a chapter reading a finished run reads each product once, not twice
+            ds = _read(path)
             if ds.attrs.get("cache_key") == text:
                 return ds
-    target = main if not main.exists() or _same_but_schema(_stored_key(main), key) else other
+            stored[path] = ds.attrs.get("cache_key")
+    target = main if not main.exists() or _same_but_code(stored.get(main), key) else other
     ds = compute()
     ds.attrs["cache_key"] = text
     save_dataset(ds, target, overwrite=True)

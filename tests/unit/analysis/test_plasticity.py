@@ -292,3 +292,35 @@ def test_full_covariance_per_bucket_equals_numpy_on_uneven_buckets():
             want = np.cov(qr[h, bucket == b].numpy(), rowvar=False)
             want[0, 1:] = want[1:, 0] = 0.0  # coordinate 1 kept independent of the semantic ones (per-bucket fit)
             np.testing.assert_allclose(model.cov[h, b].numpy(), want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"covariance": "full"}, {"positional_fit": "per_bucket"},
+                                       {"pair_weight": "prefix"}])
+def test_without_monte_carlo_the_closed_form_is_the_same(gaussian, overrides):
+    """``monte_carlo=False`` drops the Monte Carlo variables (most of the work) and changes no other value."""
+    cap, _ = gaussian
+    both = run(cap, seed=1, **overrides)
+    closed = run(cap, seed=1, monte_carlo=False, **overrides)
+    assert set(both.data_vars) - set(closed.data_vars) == {
+        "ap_mc", "ap_mc_se", "ap_overall_mc", "ap_first20_mc", "ap_last20_mc", "ap_drop_mc", "ap_context_mc",
+        "ap_mc_map"}
+    for name in closed.variables:
+        np.testing.assert_array_equal(closed[name].values, both[name].values)
+    assert closed.attrs == both.attrs
+
+
+def test_pair_statistics_return_the_variances_asked_for(gaussian):
+    """A reader of one variance skips the others' quadratic forms; every value returned is the full call's."""
+    cap, _ = gaussian
+    from qkplast.analysis.plasticity import pair_statistics
+
+    every = pair_statistics(cap, seed=2)
+    diagonal = pair_statistics(cap, seed=2, variances=("v_diag",))
+    assert {"v_full", "v_indep", "v_joint"} <= set(every) and not {"v_full", "v_indep", "v_joint"} & set(diagonal)
+    for name in diagonal.variables:
+        np.testing.assert_array_equal(diagonal[name].values, every[name].values)
+    # the options' own variance is always there: gamma and z0 rest on it
+    full = pair_statistics(cap, seed=2, covariance="full", variances=())
+    assert "v_full" in full and "v_diag" not in full
+    with pytest.raises(ValueError, match="unknown variances"):
+        pair_statistics(cap, seed=2, variances=("v_other",))

@@ -55,3 +55,14 @@ def test_truncated_distances_change_nothing():
 def test_rate_forms_rejects_unusable_input():
     with pytest.raises(ValueError, match="t > 1 with finite AP_t > 0"):
         theory.rate_forms(T, -T**-2.0)
+
+
+def test_the_normal_density_is_scipy_s_bit_for_bit():
+    """population_ap_prefix_drift's density: scipy.stats.norm.pdf's operations without its argument handling."""
+    from scipy import stats
+
+    u = np.linspace(-12.0, 12.0, 4001)
+    for s, drift, scale in ((0.37, 0.05, 1.0), (1e-3, 0.2, 0.5), (2.5, 1.0, 3.0)):
+        d = np.arange(1, 300)
+        want = stats.norm.pdf(u[None, :] * s, loc=drift * d[:, None], scale=scale)
+        np.testing.assert_array_equal(theory.normal_pdf(u[None, :] * s, drift * d[:, None], scale), want)
