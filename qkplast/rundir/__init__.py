@@ -10,7 +10,7 @@ from qkplast.rundir.study_file import STAGES, RunSpec, Study, StudyError, load_s
 
 __all__ = ["STAGES", "Run", "RunError", "RunSpec", "Study", "StudyError", "cached", "chapter_run", "checkpoint_dir",
            "checkpoint_metrics", "load_or_analyze", "load_or_bootstrap", "load_or_capture", "load_run", "load_study",
-           "open_metrics", "parse_study", "run_settings"]
+           "open_metrics", "parse_study", "product_store", "run_settings"]
 
 
 def __getattr__(name: str):

@@ -32,7 +32,7 @@ from pathlib import Path
 import xarray as xr
 
 from qkplast.errors import QkplastError
-from qkplast.capture_format import open_capture, open_dataset, save_dataset
+from qkplast.capture_format import open_capture, open_dataset, read_attrs, save_dataset
 from qkplast.options import CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError, typed_option
 from qkplast.rundir.study_file import STAGES
 
@@ -247,7 +247,11 @@ def _key_text(key: dict) -> str:
 
 
 def _stored_key(path: Path) -> str | None:
-    return open_dataset(path).attrs.get("cache_key")
+    """The key a product file was made with, from its header (the data is read only when the key matches)."""
+    attrs = read_attrs(path)
+    if attrs is None:  # not a dataset of qkplast's, or damaged: open_dataset says which, as before
+        attrs = open_dataset(path).attrs
+    return attrs.get("cache_key")
 
 
 def _same_but_schema(stored: str | None, key: dict) -> bool:
@@ -294,6 +298,23 @@ def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
     ds.attrs["cache_key"] = text
     save_dataset(ds, target, overwrite=True)
     return ds
+
+
+def product_store(run_dir):
+    """:func:`cached` bound to a run directory: ``store(stem, key, compute) -> xarray.Dataset``.
+
+    The functions below the run directory's layer (:mod:`qkplast.stats`, :mod:`qkplast.analysis`) cannot import
+    it; they take a ``store`` argument instead, and a notebook passes this one, so their products are kept in the
+    run directory and read back. A ``stem`` may name a sub-folder (``"conditions/reseed-null"``), created when
+    missing.
+    """
+    run_dir = Path(run_dir)
+
+    def store(stem: str, key: dict, compute) -> xr.Dataset:
+        path = run_dir / stem
+        return cached(path.parent, path.name, key, compute)
+
+    return store
 
 
 def _analysis_key(options: AnalysisOptions) -> dict:
