@@ -34,15 +34,22 @@ def profile_distances(profiles: torch.Tensor) -> torch.Tensor:
 
 
 def within_minus_between(dist: torch.Tensor, labels: torch.Tensor, layer: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``T``, the within-group and the between-group mean distances for label sets ``labels`` ``[perm, head]``."""
+    """``T``, the within-group and the between-group mean distances for label sets ``labels`` ``[perm, head]``.
+
+    Only pairs of distinct heads of one layer with a distance count. The within-group sum of a label set is
+    ``sum_g (L^T D L)_gg`` with ``L`` ``[head, group]`` its one-hot labels and ``D`` the counted distances, one
+    product ``[perm, group, head] x [head, head]`` for every label set at once (the ``[perm, head, head]`` masks
+    of a direct sum are never formed); the between-group sum is the rest of the total, and the counts likewise.
+    """
     n = dist.shape[0]
     same_layer = (layer[:, None] == layer[None]) & ~torch.eye(n, dtype=torch.bool, device=dist.device)
     ok = same_layer & ~torch.isnan(dist)
-    d = torch.nan_to_num(dist)
-    same = labels[:, :, None] == labels[:, None, :]  # [perm, head, head]
-    w, b = (same & ok).to(d.dtype), (~same & ok).to(d.dtype)
-    within = (w * d).sum((1, 2)) / w.sum((1, 2))
-    between = (b * d).sum((1, 2)) / b.sum((1, 2))
+    d = torch.where(ok, dist, torch.zeros_like(dist))  # [head, head] the counted distances
+    _, code = torch.unique(labels, return_inverse=True)  # [perm, head] group index of each label
+    onehot = torch.nn.functional.one_hot(code, int(code.max()) + 1).to(dist.dtype).transpose(1, 2)  # [perm, group, head]
+    sums = torch.stack([((onehot @ x) * onehot).sum((1, 2)) for x in (d, ok.to(dist.dtype))])  # [2, perm]
+    within = sums[0] / sums[1]
+    between = (d.sum() - sums[0]) / (ok.sum().to(dist.dtype) - sums[1])
     return within - between, within, between
 
 
@@ -100,3 +107,69 @@ def cross_profiles(capture: xr.Dataset, options=None, **overrides) -> xr.DataArr
         slot_kv[heads, :len(groups)] = groups
     return xr.DataArray(out, dims=("head", "kv_slot", "query_bucket"),
                         coords={"query_bucket": lay.buckets, "kv_head_of_slot": (("head", "kv_slot"), slot_kv)})
+
+
+def cross_profiles_of_cuts(capture: xr.Dataset, cuts, options=None, pairs=None, **overrides) -> xr.DataArray:
+    """:func:`cross_profiles` of many cuts of one capture at once: ``[cut, head, kv_slot, query_bucket]``.
+
+    Parameters
+    ----------
+    cuts : sequence of boolean masks ``[sample]`` or of sample indices
+        Cut ``c`` is analysed as ``cross_profiles(capture.isel(sample=np.flatnonzero(cuts[c])))`` would analyse it:
+        its own key pairs, drawn on the cut (or ``pairs[c]``), its own Householder basis and query model per
+        (query head, key head) combination.
+
+    Every (cut, query head, key head of its layer) combination is one unit of the batched kernels of
+    :mod:`qkplast.analysis.cuts` (the closed form of :func:`qkplast.analysis.plasticity.pair_closed_form`), chunks
+    of units spread over the cores. Options the batched kernels do not reproduce
+    (:func:`qkplast.analysis.cuts.supports`) are analysed cut by cut.
+    """
+    from qkplast.analysis.cuts import (closed_form_pair_profiles, cut_plan, gather_units, keeps_of, map_units,
+                                       padded_source, supports, unit_clouds)
+    from qkplast.options import AnalysisOptions
+    from qkplast.tensors import SCRATCH_CPU_MB, auto_chunk
+
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
+    keeps = keeps_of(capture, cuts)
+    n_cut = keeps.shape[0]
+    layer, kv = capture["layer"].values, capture["kv_head"].values
+    n_slot = max(len(np.unique(kv[layer == ly])) for ly in np.unique(layer))
+    combos, slot_kv = [], np.full((capture.sizes["head"], n_slot), -1, dtype=np.int64)
+    for ly in np.unique(layer):  # the (query head, slot, head holding the slot's keys) combinations, as cross_profiles
+        heads = np.flatnonzero(layer == ly)
+        groups = np.unique(kv[heads])
+        rep = {g: heads[kv[heads] == g][0] for g in groups}
+        combos += [(h, j, h if g == kv[h] else rep[g]) for h in heads for j, g in enumerate(groups)]
+        slot_kv[heads, :len(groups)] = groups
+    combos = np.array(combos, dtype=np.int64)  # [combo, 3]
+    pairs = [None] * n_cut if pairs is None else list(pairs)
+    if not supports(opt):
+        parts = [cross_profiles(capture.isel(sample=np.flatnonzero(keep)), opt).values for keep in keeps]
+        n_bucket = parts[0].shape[-1]
+        out = np.stack(parts)
+    else:
+        dev = resolve_device(opt.device)
+        plan = cut_plan(capture, keeps, opt, dev, pairs)
+        n_bucket = plan.n_bucket
+        q, k = (padded_source(capture[name].values, dev) for name in ("q", "k"))  # [head, sample + 1, dim]
+        q_head, k_head = (torch.as_tensor(combos[:, c], device=dev) for c in (0, 2))
+        n_combo = len(combos)
+
+        def one_chunk(sl: slice) -> torch.Tensor:
+            unit = torch.arange(sl.start, sl.stop, device=dev)
+            cut, combo = unit // n_combo, unit % n_combo  # [unit] each
+            clouds = unit_clouds(*gather_units(q, k, plan, cut, q_head[combo], k_head[combo]), plan, cut,
+                                 centred_keys=False)
+            return closed_form_pair_profiles(clouds, plan, cut)  # [unit, bucket]
+
+        # per unit: its clouds' float64 copies and one bucket's worth of gathered key rows at a time (the pair blocks)
+        per_unit = 8 * plan.samples.shape[1] * capture.sizes["dim"] * 5 + 8 * plan.pi[0].numel() * 4
+        chunk = opt.head_chunk or auto_chunk(per_unit, dev, SCRATCH_CPU_MB)
+        prof = to_numpy(torch.cat(map_units(one_chunk, n_cut * n_combo, chunk, dev))).reshape(n_cut, n_combo, -1)
+        out = np.full((n_cut, capture.sizes["head"], n_slot, n_bucket), np.nan)
+        profile = np.full((n_cut, n_combo, n_bucket), np.nan)
+        profile[..., plan.pair_buckets] = prof  # buckets without a weighted pair: NaN
+        out[:, combos[:, 0], combos[:, 1]] = profile
+    return xr.DataArray(out, dims=("cut", "head", "kv_slot", "query_bucket"),
+                        coords={"query_bucket": np.arange(n_bucket),
+                                "kv_head_of_slot": (("head", "kv_slot"), slot_kv)})

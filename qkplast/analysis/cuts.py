@@ -1,0 +1,421 @@
+"""Many cuts of one capture analysed at once: replicates batched over a leading axis.
+
+A jackknife over documents re-analyses a capture with documents left out; the reseeded null of the content-decay
+conditions re-analyses the capture at every position cut at the positions other seeds sample. Each of those is a
+*cut* of one capture: a subset of its samples, every head kept, analysed as a capture of its own (its own moments,
+Householder basis, query model and key pairs). This module analyses many cuts in one batched pass instead of a
+Python loop of whole analyses:
+
+- :func:`cut_plan`: what every head shares in each cut (:class:`CutPlan`): the cut's samples, padded to the
+  largest cut, their positions and buckets, and its key pairs and pair weights exactly as
+  :func:`qkplast.analysis.pairs.pair_plan` gives them for the cut alone. Building it is a Python loop over the
+  cuts of index bookkeeping only: the pairs are drawn by :func:`qkplast.analysis.pairs.sample_key_pairs` from
+  the cut's own samples (the same generator and seed as a capture of its own), or are given (a jackknife's share
+  of a larger draw, :func:`qkplast.analysis.pairs.pairs_without`);
+- :func:`gather_units`: the vectors of a batch of *units* ``(cut, query head, key head)`` (a unit's queries and
+  keys come from two heads for the GQA null of :mod:`qkplast.analysis.gqa`, from one otherwise) as
+  ``[unit, sample, dim]`` tensors, padding rows zero;
+- :func:`unit_clouds`: each unit's moments, Householder basis (eq. 4.10) and diagonal query model (eqs.
+  4.11-4.12) as the per-capture analysis computes them for the cut (:class:`UnitClouds`);
+- :func:`counterfactual_pair_profiles` and :func:`closed_form_pair_profiles`: the pair kernels, the closed form
+  of the four counterfactual models of :mod:`qkplast.analysis.decompose` and of the fitted model, averaged over
+  each bucket's pairs with the estimator's weights ``[unit, bucket(, variant)]``;
+- :func:`map_units`: the units in chunks (``[unit, sample, dim]`` temporaries of a few dozen megabytes on the CPU,
+  about 1 GB on a GPU), spread over the cores as :func:`qkplast.tensors.map_head_chunks` spreads heads.
+
+Every kernel is torch, device-agnostic and free of host round trips; the padded samples carry zero weight in
+every sum, so a unit's values are those of its cut analysed alone, up to the order of floating-point sums (the
+unit tests compare the two cut by cut, to 1e-12 relative). Only the options of the thesis's default model are
+batched (:func:`supports`): a diagonal covariance, per-bucket semantic statistics and the global positional fit;
+callers fall back to a loop of per-cut analyses for the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xarray as xr
+
+from qkplast.analysis.linalg import householder_apply, householder_vector
+from qkplast.analysis.pairs import KeyPairs, bucket_positions, pair_weights, sample_key_pairs
+from qkplast.analysis.plasticity import QueryModel, fast_pairwise_plasticity, pairwise_plasticity, weighted_pair_mean
+from qkplast.options import AnalysisOptions
+from qkplast.tensors import (SCRATCH_CPU_MB, auto_chunk, einsum, head_chunks, map_head_chunks, matmul, scratch)
+
+__all__ = ["CutPlan", "UnitClouds", "closed_form_pair_profiles", "counterfactual_pair_profiles", "cut_plan",
+           "gather_units", "keeps_of", "map_units", "padded_source", "sample_view", "supports", "unit_clouds",
+           "unit_chunk"]
+
+#: a variance below this fraction of the two keys' own quadratic forms is recomputed from the pair's difference,
+#: as :func:`qkplast.analysis.plasticity.pair_moments` does
+CANCELLATION = 1e-6
+#: bytes of one block of pair differences on the CPU (:data:`qkplast.analysis.plasticity.PAIR_BLOCK_CPU_BYTES`'s
+#: reasoning: the passes over a block find it in cache)
+PAIR_BLOCK_CPU_BYTES = 4 * 2**20
+
+
+def supports(options: AnalysisOptions) -> bool:
+    """Whether the batched kernels reproduce the per-cut analysis under these options (the thesis's model:
+    diagonal covariance, per-bucket semantic statistics, global positional fit; any pair rule, weights, edges)."""
+    return (options.covariance, options.semantic_stats, options.positional_fit) == ("diagonal", "per_bucket", "global")
+
+
+# --------------------------------------------------------------------------- the cuts' shared layout
+
+
+def sample_view(capture: xr.Dataset) -> xr.Dataset:
+    """The capture without its vectors: the per-sample coordinates and the attributes (cheap to cut)."""
+    return xr.Dataset(coords={name: capture[name] for name in ("position", "bucket", "doc")}, attrs=capture.attrs)
+
+
+def keeps_of(capture: xr.Dataset, cuts) -> np.ndarray:
+    """Boolean sample masks ``[cut, sample]`` from masks or index arrays, one per cut."""
+    n = capture.sizes["sample"]
+    out = np.zeros((len(cuts), n), dtype=bool)
+    for c, cut in enumerate(cuts):
+        cut = np.asarray(cut)
+        if cut.dtype == bool:
+            if cut.shape != (n,):
+                raise ValueError(f"a boolean cut must have one entry per sample ({n}), got {cut.shape}")
+            out[c] = cut
+        else:
+            out[c, cut] = True
+    return out
+
+
+@dataclass
+class CutPlan:
+    """What every head shares in each cut (one row per cut), padded to the largest cut.
+
+    Indices of pairs and of samples are into each cut's own samples, in the capture's order (the order a cut
+    ``capture.isel(sample=np.flatnonzero(keep))`` has), so they are those of :func:`qkplast.analysis.pairs.pair_plan`
+    on the cut.
+    """
+
+    samples: torch.Tensor  # [cut, n] indices into the capture's samples (padding: one past the last)
+    present: torch.Tensor  # [cut, n] float64: 1 for a sample of the cut, 0 for padding
+    n: torch.Tensor  # [cut] samples of each cut (float64)
+    t: torch.Tensor  # [cut, n] positions (float64, 0 at padding)
+    bucket: torch.Tensor  # [cut, n] bucket of each sample (padding: n_bucket, a bucket no statistic reads)
+    counts: torch.Tensor  # [cut, bucket] queries per bucket (float64)
+    usable: torch.Tensor  # [cut, bucket] the counts of buckets with statistics, 0 for the others (float64)
+    tau: torch.Tensor  # [cut, bucket] representative positions
+    pair_buckets: np.ndarray  # [pair_bucket] the buckets the pair tensors hold (those with a weighted pair)
+    pi: torch.Tensor  # [cut, pair_bucket, pair] first key of each pair (an index into the cut's samples)
+    pj: torch.Tensor  # [cut, pair_bucket, pair]
+    pweight: torch.Tensor  # [cut, pair_bucket, pair] weight in the bucket's mean; 0 where not valid (float64)
+    buckets: np.ndarray  # [bucket]
+    tau_np: np.ndarray  # [cut, bucket]
+    pairs: list  # KeyPairs of each cut (over every bucket)
+
+    @property
+    def n_cut(self) -> int:
+        return self.samples.shape[0]
+
+    @property
+    def n_bucket(self) -> int:
+        return len(self.buckets)
+
+
+def cut_plan(capture: xr.Dataset, keeps: np.ndarray, opt: AnalysisOptions, dev: torch.device,
+             pairs: list[KeyPairs] | None = None, pair_buckets=None) -> CutPlan:
+    """The shared layout of each cut ``keeps`` ``[cut, sample]`` of ``capture`` (see :class:`CutPlan`).
+
+    Parameters
+    ----------
+    pairs : list of KeyPairs or None, optional
+        Each cut's key pairs (indices into the cut's samples); default (or None in the list): drawn by
+        :func:`qkplast.analysis.pairs.sample_key_pairs` on the cut, as an analysis of the cut alone draws them.
+    pair_buckets : array of int, optional
+        The buckets whose pairs the kernels evaluate (default: all); of those, the buckets where no cut has a pair
+        with weight are left out (their plasticity is NaN, :attr:`CutPlan.pair_buckets` names the others).
+
+    A Python loop over the cuts of index bookkeeping (positions, counts, the pairs' draw); no vector is read.
+    """
+    view = sample_view(capture)
+    keeps = np.asarray(keeps, dtype=bool)
+    n_cut = keeps.shape[0]
+    buckets, _, _, _ = bucket_positions(view, opt.query_position)
+    n_bucket = len(buckets)
+    pair_buckets = np.arange(n_bucket) if pair_buckets is None else np.asarray(pair_buckets, dtype=np.int64)
+    sizes = keeps.sum(1)
+    n_max = max(int(sizes.max()), 1)
+    samples = np.full((n_cut, n_max), capture.sizes["sample"], dtype=np.int64)  # padding: the zero row
+    present = np.zeros((n_cut, n_max))
+    t = np.zeros((n_cut, n_max))
+    bucket = np.full((n_cut, n_max), n_bucket, dtype=np.int64)
+    counts = np.zeros((n_cut, n_bucket))
+    tau = np.zeros((n_cut, n_bucket))
+    pi = np.zeros((n_cut, len(pair_buckets), opt.n_pairs), dtype=np.int64)
+    pj = np.zeros_like(pi)
+    pweight = np.zeros(pi.shape)
+    position, sample_bucket = capture["position"].values, capture["bucket"].values
+    drawn = []
+    for c in range(n_cut):  # cuts only: index bookkeeping, no vectors
+        idx = np.flatnonzero(keeps[c])
+        cut = view.isel(sample=idx)
+        _, tau_c, _, counts_c = bucket_positions(cut, opt.query_position)
+        kp = sample_key_pairs(cut, opt) if pairs is None or pairs[c] is None else pairs[c]
+        if kp.i.shape != (n_bucket, opt.n_pairs):
+            raise ValueError(f"cut {c}: pairs of shape {kp.i.shape}, expected {(n_bucket, opt.n_pairs)}")
+        few = (counts_c < opt.min_bucket_samples) | (counts_c == 0)
+        valid = kp.valid & ~few[:, None]  # pair_plan's pvalid
+        weight = np.where(valid, pair_weights(kp, position[idx], opt.pair_weight), 0.0)
+        m = len(idx)
+        samples[c, :m], present[c, :m], t[c, :m], bucket[c, :m] = idx, 1.0, position[idx], sample_bucket[idx]
+        counts[c], tau[c] = counts_c, tau_c
+        pi[c], pj[c], pweight[c] = kp.i[pair_buckets], kp.j[pair_buckets], weight[pair_buckets]
+        drawn.append(kp)
+    usable = np.where((counts >= opt.min_bucket_samples) & (counts > 0), counts, 0.0)
+    # a bucket no cut has a weighted pair in has no plasticity (NaN): its pairs are not evaluated at all
+    weighted = pweight.any(axis=(0, 2))  # [pair_bucket]
+    pair_buckets, pi, pj, pweight = pair_buckets[weighted], pi[:, weighted], pj[:, weighted], pweight[:, weighted]
+    f64 = lambda x: torch.as_tensor(x, dtype=torch.float64, device=dev)  # noqa: E731
+    i64 = lambda x: torch.as_tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
+    return CutPlan(i64(samples), f64(present), f64(sizes.astype(float)), f64(t), i64(bucket), f64(counts), f64(usable),
+                   f64(tau), pair_buckets, i64(pi), i64(pj), f64(pweight), buckets, tau, drawn)
+
+
+# --------------------------------------------------------------------------- units: (cut, query head, key head)
+
+
+def padded_source(x, device: torch.device) -> torch.Tensor:
+    """A capture's vectors ``[head, sample, dim]`` as float64 on ``device`` with one zero row appended per head
+    ``[head, sample + 1, dim]``: the row every padding slot of a cut gathers (:attr:`CutPlan.samples`), so gathered
+    clouds are zero at their padding without a pass to mask them."""
+    x = torch.as_tensor(np.asarray(x), device=device)
+    out = torch.zeros(x.shape[0], x.shape[1] + 1, x.shape[-1], dtype=torch.float64, device=device)
+    out[:, :-1].copy_(x)  # converted in the copy: one pass over the capture
+    return out
+
+
+def gather_units(q: torch.Tensor, k: torch.Tensor, plan: CutPlan, cut: torch.Tensor, q_head: torch.Tensor,
+                 k_head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each unit's queries and keys ``[unit, n, dim]`` (float64, padding rows zero; per-thread scratch buffers).
+
+    ``q``, ``k`` ``[head, sample + 1, dim]`` are the capture's vectors from :func:`padded_source`; unit ``u``
+    takes the queries of head ``q_head[u]`` and the keys of head ``k_head[u]`` at the samples of cut ``cut[u]``.
+    """
+    h, s, d = q.shape
+    samples = plan.samples[cut]  # [unit, n]
+    return tuple(torch.index_select(x.reshape(h * s, d), 0, (head[:, None] * s + samples).reshape(-1),
+                                    out=scratch(name, (samples.numel(), d), x)).view(*samples.shape, d)
+                 for x, head, name in ((q, q_head, "cut_q"), (k, k_head, "cut_k")))  # [unit, n, dim] each
+
+
+@dataclass
+class UnitClouds:
+    """Each unit's Householder basis and query model (eqs. 4.10-4.12), as the analysis of its cut alone gives them.
+
+    ``kr`` ``[unit, n, dim]`` are the rotated keys (centred or not, see :func:`unit_clouds`; padding rows zero),
+    in a per-thread scratch buffer; ``model`` the diagonal query model ``[unit, bucket, dim]``; ``key_slope``
+    ``[unit, dim]`` is ``H beta_K``.
+    """
+
+    u: torch.Tensor
+    kr: torch.Tensor
+    model: QueryModel
+    key_slope: torch.Tensor
+
+
+def _masked_slope(x: torch.Tensor, t: torch.Tensor, present: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """:func:`qkplast.analysis.moments.slope` of ``x`` ``[unit, n, dim]`` (zero at padding) on ``t`` ``[unit, n]``
+    over each unit's present samples: ``sum (x - x_bar)(t - t_bar) / sum (t - t_bar)^2`` ``[unit, dim]``."""
+    xc = torch.addcmul(x, present[..., None], (x.sum(1) / n[:, None])[:, None, :], value=-1.0)  # [unit, n, dim]
+    tc = (t - (t * present).sum(1, keepdim=True) / n[:, None]) * present  # [unit, n]
+    return torch.bmm(tc[:, None, :], xc)[:, 0] / (tc * tc).sum(-1, keepdim=True)
+
+
+def unit_clouds(q: torch.Tensor, k: torch.Tensor, plan: CutPlan, cut: torch.Tensor,
+                centred_keys: bool = True) -> UnitClouds:
+    """Householder basis, rotated keys and diagonal query model of each unit (eqs. 4.10-4.12), under the options
+    :func:`supports` (the model's other options are the plan's: buckets, positions).
+
+    Parameters
+    ----------
+    q, k : Tensor ``[unit, n, dim]``
+        float64, padding rows zero (:func:`gather_units`); ``k`` is overwritten (it becomes ``kr``).
+    cut : Tensor ``[unit]``
+        The cut of each unit (rows of ``plan``).
+    centred_keys : bool
+        True: the drift from the centred clouds and the keys centred before the rotation, as
+        :func:`qkplast.analysis.moments.cloud_moments` and :func:`qkplast.analysis.plasticity.rotated_clouds` (the
+        AP_drop decomposition); False: the drift from :func:`qkplast.analysis.moments.slope` and the keys rotated as
+        they are, as :func:`qkplast.analysis.plasticity.closed_form` (the GQA cross profiles). Differences of keys
+        are the same either way, to rounding.
+
+    Notes
+    -----
+    Padding rows take no part in any sum: they are zero where a sum runs over samples, and the per-bucket sums
+    put them in a bucket past the last, which is dropped. The queries are rotated as captured, ``H q``, where
+    :func:`rotated_clouds` rotates the centred queries with their mean added back (the same vectors to rounding).
+    """
+    present, n, t = plan.present[cut], plan.n[cut], plan.t[cut]  # [unit, n], [unit], [unit, n]
+    n_unit, n_bucket, dim = q.shape[0], plan.n_bucket, q.shape[-1]
+    if centred_keys:  # cloud_moments: the drift from the centred clouds' cross sums with position
+        tc = (t - (t * present).sum(1, keepdim=True) / n[:, None]) * present  # [unit, n] t - t_bar, 0 at padding
+        stt = (tc * tc).sum(-1)  # [unit]
+        centred = lambda x: torch.addcmul(x, present[..., None], (x.sum(1) / n[:, None])[:, None, :],  # noqa: E731
+                                          value=-1.0, out=scratch("cut_centred", tuple(x.shape), x))
+        beta = torch.bmm(tc[:, None, :], centred(q))[:, 0] / stt[:, None]  # [unit, dim] query drift
+        kc = torch.addcmul(k, present[..., None], (k.sum(1) / n[:, None])[:, None, :], value=-1.0, out=k)
+        cross_k = torch.bmm(tc[:, None, :], kc)[:, 0]  # [unit, dim]
+    else:  # plasticity.rotate: the drift by slope(), the keys as captured
+        beta = _masked_slope(q, t, present, n)
+        kc = k
+    if (torch.linalg.vector_norm(beta, dim=-1) == 0).any():
+        raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
+    u = householder_vector(beta)  # [unit, dim], eq. 4.10
+    qr = householder_apply(u, q, out=scratch("cut_rotated_q", tuple(q.shape), q))  # [unit, n, dim], 0 at padding
+    kr = householder_apply(u, kc, out=kc)
+    key_slope = (householder_apply(u, (cross_k / stt[:, None])[:, None, :])[:, 0] if centred_keys
+                 else torch.zeros_like(beta))  # [unit, dim] H beta_K (the closed form alone does not read it)
+    # the query model of query_model(): per-bucket means and diagonal variances (two-pass), segment sums in sample
+    # order over the flattened (unit, bucket) cells; padding goes to a cell past each unit's last bucket
+    cell = (torch.arange(n_unit, device=q.device)[:, None] * (n_bucket + 1) + plan.bucket[cut]).reshape(-1)
+    rows = qr.reshape(-1, dim)  # [unit * n, dim]
+    sums = rows.new_zeros(n_unit * (n_bucket + 1), dim).index_add_(0, cell, rows)
+    nb = plan.counts[cut]  # [unit, bucket]
+    mean_b = sums.view(n_unit, n_bucket + 1, dim)[:, :n_bucket] / nb.clamp_min(1)[..., None]  # [unit, bucket, dim]
+    means = torch.cat([mean_b, mean_b.new_zeros(n_unit, 1, dim)], 1).view(-1, dim)
+    resid = torch.index_select(means, 0, cell, out=scratch("cut_residuals", tuple(rows.shape), rows))
+    resid = torch.sub(rows, resid, out=resid)
+    cov_b = sums.zero_().index_add_(0, cell, resid.mul_(resid)).view(n_unit, n_bucket + 1, dim)[:, :n_bucket]
+    cov_b = cov_b / (nb - 1).clamp_min(1)[..., None]
+    # coordinate 1: the global linear fit in position (eq. 4.11)
+    q1 = qr[..., 0]  # [unit, n]
+    beta_pos = _masked_slope(q1[..., None], t, present, n)[:, 0]  # [unit]
+    alpha_pos = q1.sum(1) / n - beta_pos * ((t * present).sum(1) / n)
+    res = (q1 - alpha_pos[:, None] - beta_pos[:, None] * t) * present
+    sigma2_pos = (res * res).sum(-1) / (n - 2)
+    mean_b[..., 0] = alpha_pos[:, None] + beta_pos[:, None] * plan.tau[cut]
+    cov_b[..., 0] = sigma2_pos[:, None]
+    return UnitClouds(u, kr, QueryModel(mean_b, cov_b, False, alpha_pos, beta_pos, sigma2_pos), key_slope)
+
+
+# --------------------------------------------------------------------------- pair kernels
+
+
+def _pair_rows(kr: torch.Tensor, cut: torch.Tensor, which: torch.Tensor, name: str) -> torch.Tensor:
+    """``kr[u, which[cut[u]]]`` ``[unit, pair_bucket, pair, dim]`` (rows gathered from the flattened keys, into a
+    scratch buffer)."""
+    u, n, d = kr.shape
+    rows = (torch.arange(u, device=kr.device)[:, None] * n + which[cut].reshape(u, -1)).reshape(-1)  # [unit * b * p]
+    out = scratch(name, (rows.numel(), d), kr)
+    return torch.index_select(kr.reshape(u * n, d), 0, rows, out=out).view(u, *which.shape[1:], d)
+
+
+def pair_block_units(plan: CutPlan, dim: int, device: torch.device) -> int:
+    """Units per block of the pair kernels: every unit at once on a GPU, about 4 MB of differences on the CPU."""
+    per_unit = 8 * plan.pi.shape[1] * plan.pi.shape[2] * dim
+    return 0 if device.type != "cpu" else max(1, PAIR_BLOCK_CPU_BYTES // per_unit)
+
+
+def counterfactual_means(model: QueryModel, plan: CutPlan, cut: torch.Tensor):
+    """The counterfactual models of :func:`qkplast.analysis.decompose.counterfactuals` for each unit.
+
+    Returns the means ``[variant, unit, bucket, dim]`` of variants (1,1), (1,0), (0,1), (0,0) and the covariances
+    of the bucket ``[unit, bucket, dim]`` and of the context average ``[unit, dim]``.
+    """
+    usable, tau = plan.usable[cut], plan.tau[cut]  # [unit, bucket]
+    w = usable / usable.sum(-1, keepdim=True)  # [unit, bucket] context-average weights
+    tau_bar = (w * tau).sum(-1, keepdim=True)  # [unit, 1]
+    drift = model.beta_pos[:, None] * (tau - tau_bar)  # [unit, bucket] query drift about its average level
+    mean = torch.nan_to_num(model.mean)  # [unit, bucket, dim]
+    avg = torch.einsum("ub,ubd->ud", w, mean)  # [unit, dim]
+    e1_drift = torch.zeros_like(mean)
+    e1_drift[..., 0] = drift
+    means = torch.stack([mean, avg[:, None] + e1_drift, mean - e1_drift, avg[:, None].expand_as(mean)])
+    cov = torch.nan_to_num(model.cov)  # [unit, bucket, dim]
+    return means, cov, torch.einsum("ub,ubd->ud", w, cov)
+
+
+def counterfactual_pair_profiles(clouds: UnitClouds, plan: CutPlan, cut: torch.Tensor) -> torch.Tensor:
+    """Closed-form plasticity of the four counterfactual models, averaged over each bucket's pairs
+    ``[unit, pair_bucket, variant]`` (variants in :data:`qkplast.analysis.decompose.VARIANTS` order).
+
+    The computation of :func:`qkplast.analysis.plasticity.pair_kernel` with the block hook of
+    :class:`qkplast.analysis.decompose.Counterfactuals`, on the pair buckets of ``plan`` only: per block of units the
+    differences ``delta`` and ``delta`` without the keys' drift are formed once, each gives two means ``m^T x``
+    (eq. 4.11) in one product with two columns, and then, squared in place, two variances ``sum_d s_d x_d^2``
+    (eq. 4.12) in another: every variance is a sum of non-negative terms from the differences themselves, never a
+    difference of larger numbers.
+    """
+    kr, model = clouds.kr, clouds.model
+    sel = torch.as_tensor(plan.pair_buckets, device=kr.device)
+    means, cov_b, cov_a = counterfactual_means(model, plan, cut)
+    means = means[:, :, sel]  # [variant, unit, pair_bucket, dim]
+    cov_b = cov_b[:, sel]  # [unit, pair_bucket, dim]
+    # two columns per product: the means of (1,1) and (1,0) on delta, of (0,1) and (0,0) without the drift, and the
+    # two covariances (the bucket's, the context average) on the squares of either
+    on_delta, on_nodrift = (torch.stack([means[a], means[b]], -1) for a, b in ((0, 1), (2, 3)))  # [u, b, dim, 2]
+    covs = torch.stack([cov_b, cov_a[:, None].expand_as(cov_b)], -1)  # [unit, pair_bucket, dim, 2]
+    t = plan.t[cut]  # [unit, n]
+    pi, pj = plan.pi[cut], plan.pj[cut]  # [unit, pair_bucket, pair]
+    dt = (torch.gather(t, 1, pi.flatten(1)) - torch.gather(t, 1, pj.flatten(1))).view(pi.shape)  # t_i - t_j
+    weight = plan.pweight[cut]  # [unit, pair_bucket, pair]
+    out = []
+    for sl in head_chunks(kr.shape[0], pair_block_units(plan, kr.shape[-1], kr.device)):
+        delta = _pair_rows(kr[sl], cut[sl], plan.pi, "cut_pair_first")  # [unit, pair_bucket, pair, dim]
+        delta = delta.sub_(_pair_rows(kr[sl], cut[sl], plan.pj, "cut_pair_second"))
+        # keys without their drift: delta - (t_i - t_j) H beta_K
+        nodrift = torch.addcmul(delta, dt[sl][..., None], clouds.key_slope[sl][:, None, None, :], value=-1.0,
+                                out=scratch("cut_pair_second", tuple(delta.shape), delta))
+        mu = torch.cat([matmul(delta, on_delta[sl]), matmul(nodrift, on_nodrift[sl])], -1)  # [u, b, pair, variant]
+        var = torch.cat([matmul(delta.mul_(delta), covs[sl]), matmul(nodrift.mul_(nodrift), covs[sl])], -1)
+        pp = fast_pairwise_plasticity(mu, var).movedim(-1, 0)  # [variant, unit, pair_bucket, pair]
+        out.append(weighted_pair_mean(pp, weight[sl]).movedim(0, -1))  # [unit, pair_bucket, variant]
+    return torch.cat(out)
+
+
+def closed_form_pair_profiles(clouds: UnitClouds, plan: CutPlan, cut: torch.Tensor) -> torch.Tensor:
+    """Closed-form plasticity of the fitted model averaged over each bucket's pairs ``[unit, pair_bucket]``.
+
+    :func:`qkplast.analysis.plasticity.pair_moments` on every unit with its cut's pairs: ``mu`` from the per-key
+    projections ``m_b^T K``, ``v = s_i + s_j - 2 c_ij`` with ``s = sigma_b^2 . (K * K)`` and one weighted dot per
+    pair, and the pairs whose variance cancels (below :data:`CANCELLATION` of ``s_i + s_j``) recomputed from their
+    difference vector, so the values are those of :func:`qkplast.analysis.plasticity.pair_closed_form`.
+    """
+    kr, model = clouds.kr, clouds.model
+    sel = torch.as_tensor(plan.pair_buckets, device=kr.device)
+    mean, cov = model.mean[:, sel], model.cov[:, sel]  # [unit, pair_bucket, dim]
+    weight = plan.pweight[cut]
+    out = []
+    for sl in head_chunks(kr.shape[0], pair_block_units(plan, kr.shape[-1], kr.device)):
+        k_, c_ = kr[sl], cut[sl]
+        pi, pj = plan.pi[c_], plan.pj[c_]  # [unit, pair_bucket, pair]
+        gather = lambda x, idx: torch.gather(x, 2, idx)  # noqa: E731  [unit, bucket, n] -> [unit, bucket, pair]
+        mk = matmul(mean[sl], k_.transpose(1, 2))  # [unit, pair_bucket, n] m_b^T k
+        sk = matmul(cov[sl], (k_ * k_).transpose(1, 2))  # [unit, pair_bucket, n] sigma_b^2 . (k * k)
+        mu = gather(mk, pi) - gather(mk, pj)
+        own = gather(sk, pi) + gather(sk, pj)
+        ki = _pair_rows(k_, c_, plan.pi, "cut_pair_first")  # [unit, pair_bucket, pair, dim]
+        kj = _pair_rows(k_, c_, plan.pj, "cut_pair_second")
+        var = own - 2 * einsum("ubpd,ubd,ubpd->ubp", ki, cov[sl], kj)
+        # padding pairs (i = j = 0) cancel exactly and weigh nothing: only the weighted ones are recomputed
+        bad = (var <= CANCELLATION * own.abs()) & (weight[sl] > 0)
+        if bool(bad.any()):  # the two keys nearly coincide: the variance from their difference
+            u, b, p = bad.nonzero(as_tuple=True)
+            d = ki[u, b, p] - kj[u, b, p]  # [n_bad, dim]
+            var[u, b, p] = (d * d * cov[sl][u, b]).sum(-1)
+        out.append(weighted_pair_mean(pairwise_plasticity(mu, var), weight[sl]))  # [unit, pair_bucket]
+    return torch.cat(out)
+
+
+# --------------------------------------------------------------------------- chunks of units
+
+
+def unit_chunk(plan: CutPlan, dim: int, opt: AnalysisOptions, device: torch.device) -> int:
+    """Units per chunk (``opt.head_chunk`` when set): the clouds' float64 copies (queries, keys, centred, rotated,
+    residuals) of the largest cut and one block of pair differences near :data:`qkplast.tensors.SCRATCH_CPU_MB` on
+    the CPU, 1 GB on a GPU."""
+    per_unit = 8 * plan.samples.shape[1] * dim * 6 + 8 * plan.pi.shape[1] * plan.pi.shape[2] * (2 * dim + 16)
+    return opt.head_chunk or auto_chunk(per_unit, device, SCRATCH_CPU_MB)
+
+
+def map_units(fn, n_units: int, chunk: int, device: torch.device) -> list:
+    """``[fn(s) for s in chunks of the units]``, spread over the CPU's cores (:func:`qkplast.tensors.map_head_chunks`)."""
+    return map_head_chunks(fn, n_units, chunk, device)
+
