@@ -45,8 +45,8 @@ from qkplast.options import AnalysisOptions
 from qkplast.tensors import (SCRATCH_CPU_MB, auto_chunk, einsum, head_chunks, map_head_chunks, matmul, scratch)
 
 __all__ = ["CutPlan", "UnitClouds", "closed_form_pair_profiles", "counterfactual_pair_profiles", "cut_plan",
-           "gather_units", "keeps_of", "map_units", "padded_source", "sample_view", "supports", "unit_clouds",
-           "unit_chunk"]
+           "gather_rows", "gather_units", "keeps_of", "map_units", "padded_source", "pair_means", "rotated_models",
+           "sample_view", "shared_key_profiles", "supports", "unit_clouds", "unit_chunk"]
 
 #: a variance below this fraction of the two keys' own quadratic forms is recomputed from the pair's difference,
 #: as :func:`qkplast.analysis.plasticity.pair_moments` does
@@ -186,9 +186,19 @@ def padded_source(x, device: torch.device) -> torch.Tensor:
     ``[head, sample + 1, dim]``: the row every padding slot of a cut gathers (:attr:`CutPlan.samples`), so gathered
     clouds are zero at their padding without a pass to mask them."""
     x = torch.as_tensor(np.asarray(x), device=device)
-    out = torch.zeros(x.shape[0], x.shape[1] + 1, x.shape[-1], dtype=torch.float64, device=device)
+    out = torch.empty(x.shape[0], x.shape[1] + 1, x.shape[-1], dtype=torch.float64, device=device)
+    out[:, -1] = 0.0
     out[:, :-1].copy_(x)  # converted in the copy: one pass over the capture
     return out
+
+
+def gather_rows(x: torch.Tensor, plan: CutPlan, cut: torch.Tensor, head: torch.Tensor, name: str) -> torch.Tensor:
+    """The vectors ``[unit, n, dim]`` of head ``head[u]`` at the samples of cut ``cut[u]`` from ``x``
+    ``[head, sample + 1, dim]`` (:func:`padded_source`; padding rows zero), in a per-thread scratch buffer."""
+    h, s, d = x.shape
+    samples = plan.samples[cut]  # [unit, n]
+    return torch.index_select(x.reshape(h * s, d), 0, (head[:, None] * s + samples).reshape(-1),
+                              out=scratch(name, (samples.numel(), d), x)).view(*samples.shape, d)
 
 
 def gather_units(q: torch.Tensor, k: torch.Tensor, plan: CutPlan, cut: torch.Tensor, q_head: torch.Tensor,
@@ -198,11 +208,7 @@ def gather_units(q: torch.Tensor, k: torch.Tensor, plan: CutPlan, cut: torch.Ten
     ``q``, ``k`` ``[head, sample + 1, dim]`` are the capture's vectors from :func:`padded_source`; unit ``u``
     takes the queries of head ``q_head[u]`` and the keys of head ``k_head[u]`` at the samples of cut ``cut[u]``.
     """
-    h, s, d = q.shape
-    samples = plan.samples[cut]  # [unit, n]
-    return tuple(torch.index_select(x.reshape(h * s, d), 0, (head[:, None] * s + samples).reshape(-1),
-                                    out=scratch(name, (samples.numel(), d), x)).view(*samples.shape, d)
-                 for x, head, name in ((q, q_head, "cut_q"), (k, k_head, "cut_k")))  # [unit, n, dim] each
+    return gather_rows(q, plan, cut, q_head, "cut_q"), gather_rows(k, plan, cut, k_head, "cut_k")
 
 
 @dataclass
@@ -236,7 +242,8 @@ def unit_clouds(q: torch.Tensor, k: torch.Tensor, plan: CutPlan, cut: torch.Tens
     Parameters
     ----------
     q, k : Tensor ``[unit, n, dim]``
-        float64, padding rows zero (:func:`gather_units`); ``k`` is overwritten (it becomes ``kr``).
+        float64, padding rows zero (:func:`gather_units`); ``k`` is overwritten (it becomes ``kr``). ``k`` None
+        (with ``centred_keys`` False): the queries' basis and model alone, ``kr`` None.
     cut : Tensor ``[unit]``
         The cut of each unit (rows of ``plan``).
     centred_keys : bool
@@ -269,7 +276,7 @@ def unit_clouds(q: torch.Tensor, k: torch.Tensor, plan: CutPlan, cut: torch.Tens
         raise ValueError("a head has zero query drift (beta = 0): the Householder direction is undefined")
     u = householder_vector(beta)  # [unit, dim], eq. 4.10
     qr = householder_apply(u, q, out=scratch("cut_rotated_q", tuple(q.shape), q))  # [unit, n, dim], 0 at padding
-    kr = householder_apply(u, kc, out=kc)
+    kr = householder_apply(u, kc, out=kc) if kc is not None else None
     key_slope = (householder_apply(u, (cross_k / stt[:, None])[:, None, :])[:, 0] if centred_keys
                  else torch.zeros_like(beta))  # [unit, dim] H beta_K (the closed form alone does not read it)
     # the query model of query_model(): per-bucket means and diagonal variances (two-pass), segment sums in sample
@@ -332,76 +339,179 @@ def counterfactual_means(model: QueryModel, plan: CutPlan, cut: torch.Tensor):
     return means, cov, torch.einsum("ub,ubd->ud", w, cov)
 
 
+#: a variance without the keys' drift is taken from its expansion (below) only where the expansion loses at most a
+#: factor this large of relative precision to cancellation; the other pairs are computed from their differences
+EXPANSION_CANCELLATION = 4.0
+
+
 def counterfactual_pair_profiles(clouds: UnitClouds, plan: CutPlan, cut: torch.Tensor) -> torch.Tensor:
     """Closed-form plasticity of the four counterfactual models, averaged over each bucket's pairs
     ``[unit, pair_bucket, variant]`` (variants in :data:`qkplast.analysis.decompose.VARIANTS` order).
 
-    The computation of :func:`qkplast.analysis.plasticity.pair_kernel` with the block hook of
-    :class:`qkplast.analysis.decompose.Counterfactuals`, on the pair buckets of ``plan`` only: per block of units the
-    differences ``delta`` and ``delta`` without the keys' drift are formed once, each gives two means ``m^T x``
-    (eq. 4.11) in one product with two columns, and then, squared in place, two variances ``sum_d s_d x_d^2``
-    (eq. 4.12) in another: every variance is a sum of non-negative terms from the differences themselves, never a
-    difference of larger numbers.
+    The values of :func:`qkplast.analysis.plasticity.pair_kernel` with the block hook of
+    :class:`qkplast.analysis.decompose.Counterfactuals`, on the pair buckets of ``plan`` only. Per block of units the
+    key differences ``delta`` are formed once and read twice: one product with six columns gives the four means
+    ``m_v^T delta`` (eq. 4.11; the no-drift variants' ``m_v^T (delta - dt g)`` as ``m_v^T delta - dt m_v^T g``) and
+    ``sum_d s_d g_d delta_d`` for the two covariances ``s`` (the bucket's, the context average); the squares of
+    ``delta`` give ``t1 = sum_d s_d delta_d^2`` (eq. 4.12, the variances with the drift) in a product with two
+    columns. Without the drift ``v = sum_d s_d (delta_d - dt g_d)^2 = t1 - 2 dt sum_d s_d g_d delta_d + dt^2 t3``,
+    ``t3 = sum_d s_d g_d^2``: its rounding error is below ``2 gamma_d (sqrt(t1) + |dt| sqrt(t3))^2`` (Cauchy-Schwarz on
+    the middle term), so where that bound exceeds :data:`EXPANSION_CANCELLATION` times ``v`` (the key drift makes most
+    of ``delta``) the pair's ``v`` is computed from ``delta - dt g`` itself, as the per-capture kernel computes every
+    one; elsewhere the two agree to about 1e-14 relative. Two passes over the differences replace the per-capture
+    kernel's six, and the per-pair arithmetic after them runs once per chunk of units, not per block.
     """
-    kr, model = clouds.kr, clouds.model
+    kr, model, g = clouds.kr, clouds.model, clouds.key_slope  # g [unit, dim]: the keys' drift H beta_K
+    n_unit, dim = kr.shape[0], kr.shape[-1]
     sel = torch.as_tensor(plan.pair_buckets, device=kr.device)
     means, cov_b, cov_a = counterfactual_means(model, plan, cut)
     means = means[:, :, sel]  # [variant, unit, pair_bucket, dim]
-    cov_b = cov_b[:, sel]  # [unit, pair_bucket, dim]
-    # two columns per product: the means of (1,1) and (1,0) on delta, of (0,1) and (0,0) without the drift, and the
-    # two covariances (the bucket's, the context average) on the squares of either
-    on_delta, on_nodrift = (torch.stack([means[a], means[b]], -1) for a, b in ((0, 1), (2, 3)))  # [u, b, dim, 2]
-    covs = torch.stack([cov_b, cov_a[:, None].expand_as(cov_b)], -1)  # [unit, pair_bucket, dim, 2]
-    t = plan.t[cut]  # [unit, n]
+    covs = torch.stack([cov_b[:, sel], cov_a[:, None].expand(-1, len(sel), -1)], -1)  # [unit, pair_bucket, dim, 2]
+    linear = torch.cat([means.permute(1, 2, 3, 0), covs * g[:, None, :, None]], -1)  # [unit, pair_bucket, dim, 6]
     pi, pj = plan.pi[cut], plan.pj[cut]  # [unit, pair_bucket, pair]
-    dt = (torch.gather(t, 1, pi.flatten(1)) - torch.gather(t, 1, pj.flatten(1))).view(pi.shape)  # t_i - t_j
-    weight = plan.pweight[cut]  # [unit, pair_bucket, pair]
-    out = []
-    for sl in head_chunks(kr.shape[0], pair_block_units(plan, kr.shape[-1], kr.device)):
+    lin = kr.new_empty(*pi.shape, 6)  # m_v^T delta (4), sum_d s_d g_d delta_d (2)
+    t1 = kr.new_empty(*pi.shape, 2)  # sum_d s_d delta_d^2 for the two covariances
+    for sl in head_chunks(n_unit, pair_block_units(plan, dim, kr.device)):  # the passes over the differences
         delta = _pair_rows(kr[sl], cut[sl], plan.pi, "cut_pair_first")  # [unit, pair_bucket, pair, dim]
         delta = delta.sub_(_pair_rows(kr[sl], cut[sl], plan.pj, "cut_pair_second"))
-        # keys without their drift: delta - (t_i - t_j) H beta_K
-        nodrift = torch.addcmul(delta, dt[sl][..., None], clouds.key_slope[sl][:, None, None, :], value=-1.0,
-                                out=scratch("cut_pair_second", tuple(delta.shape), delta))
-        mu = torch.cat([matmul(delta, on_delta[sl]), matmul(nodrift, on_nodrift[sl])], -1)  # [u, b, pair, variant]
-        var = torch.cat([matmul(delta.mul_(delta), covs[sl]), matmul(nodrift.mul_(nodrift), covs[sl])], -1)
-        pp = fast_pairwise_plasticity(mu, var).movedim(-1, 0)  # [variant, unit, pair_bucket, pair]
-        out.append(weighted_pair_mean(pp, weight[sl]).movedim(0, -1))  # [unit, pair_bucket, variant]
-    return torch.cat(out)
+        matmul(delta, linear[sl], out=lin[sl])
+        matmul(delta.mul_(delta), covs[sl], out=t1[sl])
+    t = plan.t[cut]  # [unit, n]
+    dt = (torch.gather(t, 1, pi.flatten(1)) - torch.gather(t, 1, pj.flatten(1))).view(*pi.shape, 1)  # t_i - t_j
+    g_mean = torch.einsum("vubd,ud->ubv", means[2:], g)[:, :, None]  # [unit, pair_bucket, 1, 2] m_v^T g, no drift
+    t3 = (covs * (g * g)[:, None, :, None]).sum(-2)[:, :, None]  # [unit, pair_bucket, 1, 2] sum_d s_d g_d^2
+    mu = torch.cat([lin[..., :2], lin[..., 2:4] - dt * g_mean], -1)  # [unit, pair_bucket, pair, variant]
+    nodrift = t1 - 2 * dt * lin[..., 4:] + dt * dt * t3  # [unit, pair_bucket, pair, 2]
+    weight = plan.pweight[cut]  # [unit, pair_bucket, pair]
+    bound = (t1.sqrt() + dt.abs() * t3.sqrt()) ** 2  # (sqrt(t1) + |dt| sqrt(t3))^2, the scale of its rounding
+    redo = ~(EXPANSION_CANCELLATION * nodrift > bound) & (weight > 0)[..., None]  # cancelled (or NaN)
+    if bool(redo.any()):  # from the differences without the drift, as the per-capture kernel computes them
+        u, b, p, c = redo.nonzero(as_tuple=True)
+        x = kr[u, pi[u, b, p]] - kr[u, pj[u, b, p]] - dt[u, b, p] * g[u]  # [n_redo, dim]
+        nodrift[u, b, p, c] = (x * x * covs[u, b, :, c]).sum(-1)
+    return pair_means(mu, torch.cat([t1, nodrift], -1), weight[..., None])  # [unit, pair_bucket, variant]
+
+
+def pair_means(mu: torch.Tensor, var: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:func:`qkplast.analysis.plasticity.weighted_pair_mean` of :func:`~qkplast.analysis.plasticity.fast_pairwise_plasticity`
+    over the pair axis ``-2`` of ``[..., pair, model]`` means and variances: ``4 p (1 - p)`` with ``p = Phi(-|z|)``,
+    as ``e (2 - e)`` with ``e = erfc(|z| / sqrt 2) = 2 p``, each pair with ``weight`` (broadcast) unless its
+    variance is not positive; NaN where no pair has weight. In place on ``mu``."""
+    ok = var > 0
+    e = mu.mul_(mu).div_(torch.where(ok, var, torch.ones_like(var))).mul_(0.5).sqrt_().erfc_()  # 2 Phi(-|z|)
+    w = torch.where(ok, weight, torch.zeros_like(var))
+    total = w.sum(-2)
+    num = e.mul_(2 - e).mul_(w).sum(-2)
+    return torch.where(total > 0, num / torch.where(total > 0, total, torch.ones_like(total)),
+                       torch.full_like(total, float("nan")))
 
 
 def closed_form_pair_profiles(clouds: UnitClouds, plan: CutPlan, cut: torch.Tensor) -> torch.Tensor:
     """Closed-form plasticity of the fitted model averaged over each bucket's pairs ``[unit, pair_bucket]``.
 
     :func:`qkplast.analysis.plasticity.pair_moments` on every unit with its cut's pairs: ``mu`` from the per-key
-    projections ``m_b^T K``, ``v = s_i + s_j - 2 c_ij`` with ``s = sigma_b^2 . (K * K)`` and one weighted dot per
-    pair, and the pairs whose variance cancels (below :data:`CANCELLATION` of ``s_i + s_j``) recomputed from their
-    difference vector, so the values are those of :func:`qkplast.analysis.plasticity.pair_closed_form`.
+    projections ``m_b^T K``, ``v = s_i + s_j - 2 c_ij`` with ``s = sigma_b^2 . (K * K)`` and one weighted dot ``c_ij``
+    per pair (the one pass over the pairs' keys, per block of units), and the weighted pairs whose variance cancels
+    (below :data:`CANCELLATION` of ``s_i + s_j``) recomputed from their difference vector, so the values are those of
+    :func:`qkplast.analysis.plasticity.pair_closed_form`.
     """
     kr, model = clouds.kr, clouds.model
+    n_unit = kr.shape[0]
     sel = torch.as_tensor(plan.pair_buckets, device=kr.device)
     mean, cov = model.mean[:, sel], model.cov[:, sel]  # [unit, pair_bucket, dim]
+    pi, pj = plan.pi[cut], plan.pj[cut]  # [unit, pair_bucket, pair]
+    cross = kr.new_empty(pi.shape)  # c_ij = sum_d sigma_bd^2 k_id k_jd
+    for sl in head_chunks(n_unit, pair_block_units(plan, kr.shape[-1], kr.device)):  # the pass over the pairs' keys
+        ki = _pair_rows(kr[sl], cut[sl], plan.pi, "cut_pair_first")  # [unit, pair_bucket, pair, dim]
+        kj = _pair_rows(kr[sl], cut[sl], plan.pj, "cut_pair_second")
+        cross[sl] = einsum("ubpd,ubd,ubpd->ubp", ki, cov[sl], kj)
+    gather = lambda x, idx: torch.gather(x, 2, idx)  # noqa: E731  [unit, bucket, n] -> [unit, bucket, pair]
+    mk = matmul(mean, kr.transpose(1, 2))  # [unit, pair_bucket, n] m_b^T k
+    sk = matmul(cov, (kr * kr).transpose(1, 2))  # [unit, pair_bucket, n] sigma_b^2 . (k * k)
+    mu = gather(mk, pi) - gather(mk, pj)  # [unit, pair_bucket, pair]
+    own = gather(sk, pi) + gather(sk, pj)
+    var = own - 2 * cross
     weight = plan.pweight[cut]
-    out = []
-    for sl in head_chunks(kr.shape[0], pair_block_units(plan, kr.shape[-1], kr.device)):
-        k_, c_ = kr[sl], cut[sl]
-        pi, pj = plan.pi[c_], plan.pj[c_]  # [unit, pair_bucket, pair]
-        gather = lambda x, idx: torch.gather(x, 2, idx)  # noqa: E731  [unit, bucket, n] -> [unit, bucket, pair]
-        mk = matmul(mean[sl], k_.transpose(1, 2))  # [unit, pair_bucket, n] m_b^T k
-        sk = matmul(cov[sl], (k_ * k_).transpose(1, 2))  # [unit, pair_bucket, n] sigma_b^2 . (k * k)
-        mu = gather(mk, pi) - gather(mk, pj)
-        own = gather(sk, pi) + gather(sk, pj)
-        ki = _pair_rows(k_, c_, plan.pi, "cut_pair_first")  # [unit, pair_bucket, pair, dim]
-        kj = _pair_rows(k_, c_, plan.pj, "cut_pair_second")
-        var = own - 2 * einsum("ubpd,ubd,ubpd->ubp", ki, cov[sl], kj)
-        # padding pairs (i = j = 0) cancel exactly and weigh nothing: only the weighted ones are recomputed
-        bad = (var <= CANCELLATION * own.abs()) & (weight[sl] > 0)
-        if bool(bad.any()):  # the two keys nearly coincide: the variance from their difference
-            u, b, p = bad.nonzero(as_tuple=True)
-            d = ki[u, b, p] - kj[u, b, p]  # [n_bad, dim]
-            var[u, b, p] = (d * d * cov[sl][u, b]).sum(-1)
-        out.append(weighted_pair_mean(pairwise_plasticity(mu, var), weight[sl]))  # [unit, pair_bucket]
-    return torch.cat(out)
+    # padding pairs (i = j = 0) cancel exactly and weigh nothing: only the weighted ones are recomputed
+    bad = (var <= CANCELLATION * own.abs()) & (weight > 0)
+    if bool(bad.any()):  # the two keys nearly coincide: the variance from their difference
+        u, b, p = bad.nonzero(as_tuple=True)
+        d = kr[u, pi[u, b, p]] - kr[u, pj[u, b, p]]  # [n_bad, dim]
+        var[u, b, p] = (d * d * cov[u, b]).sum(-1)
+    return weighted_pair_mean(pairwise_plasticity(mu, var), weight)  # [unit, pair_bucket]
+
+
+def rotated_models(clouds: UnitClouds, plan: CutPlan) -> tuple[torch.Tensor, ...]:
+    """The closed form's weights of each query unit in the captured basis, for :func:`shared_key_profiles`.
+
+    With ``H = I - s u u^T`` (``s = 2 / ||u||^2``, 0 for ``u = 0``) the rotated pair difference is
+    ``H delta = delta - s u (u^T delta)``, so ``m_b^T H delta = (H m_b)^T delta`` and
+    ``sum_d S_bd (H delta)_d^2 = sum_d S_bd delta_d^2 - 2 s w sum_d S_bd u_d delta_d + s^2 w^2 sum_d S_bd u_d^2`` with
+    ``w = u^T delta``. Returns ``H m_b`` ``[unit, pair_bucket, dim]``, ``S_b`` (the diagonal covariance), ``S_b u``,
+    ``u`` ``[unit, dim]``, ``s`` ``[unit]`` and ``sum_d S_bd u_d^2`` ``[unit, pair_bucket]``.
+    """
+    sel = torch.as_tensor(plan.pair_buckets, device=clouds.u.device)
+    u = clouds.u  # [unit, dim]
+    uu = (u * u).sum(-1)
+    s = torch.where(uu > 0, 2.0 / torch.where(uu > 0, uu, torch.ones_like(uu)), torch.zeros_like(uu))  # [unit]
+    mean, cov = clouds.model.mean[:, sel], clouds.model.cov[:, sel]  # [unit, pair_bucket, dim]
+    hm = mean - (s[:, None] * (mean * u[:, None]).sum(-1))[..., None] * u[:, None]  # H m_b
+    su = cov * u[:, None]  # S_b u
+    return hm, cov, su, u, s, (su * u[:, None]).sum(-1)
+
+
+def shared_key_profiles(k: torch.Tensor, plan: CutPlan, group_cut: torch.Tensor, group_key: torch.Tensor,
+                        models: tuple[torch.Tensor, ...], members: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Closed-form profiles ``[group, pair_bucket, member]`` of query units that share their keys.
+
+    A *group* is a cut and a head whose keys ``k[group_key]`` (:func:`padded_source`, as captured) its ``members``
+    (query units, rows of ``models`` from :func:`rotated_models`; ``present`` False for padding) are scored against,
+    every query head of a GQA layer against one key head for :func:`qkplast.analysis.gqa.cross_profiles_of_cuts`.
+    The pair differences ``delta`` of the group's keys are formed once in the captured basis and read twice for
+    every member at once: one product gives ``(H m_b)^T delta``, ``sum_d S_bd u_d delta_d`` and ``w = u^T delta`` of
+    each member, one product of the squares gives ``sum_d S_bd delta_d^2``. The variance of eq. 4.12 in the member's
+    basis is then :func:`rotated_models`' expansion, whose rounding error is below
+    ``2 gamma_d (sqrt(sum S delta^2) + s |w| sqrt(sum S u^2))^2``; where that bound exceeds
+    :data:`EXPANSION_CANCELLATION` times the variance the pair is scored from its rotated difference instead. The
+    values are those of :func:`qkplast.analysis.plasticity.pair_closed_form` on the rotated keys (which has its own
+    cancelling form, ``s_i + s_j - 2 c_ij``, recomputed below a ratio of 1e-6).
+    """
+    hm, cov, su, u, s, suu = (x[members] for x in models)  # [group, member, ...]
+    n_group, n_member, n_pb, dim = hm.shape
+    # [group, pair_bucket, dim, 3 member]: the three linear forms of every member, one product
+    linear = torch.cat([hm, su, u[:, :, None].expand_as(hm)], 1).permute(0, 2, 3, 1).contiguous()
+    quad = cov.permute(0, 2, 3, 1).contiguous()  # [group, pair_bucket, dim, member]
+    pi, pj = plan.pi[group_cut], plan.pj[group_cut]  # [group, pair_bucket, pair]
+    lin = k.new_empty(*pi.shape, 3 * n_member)
+    t1 = k.new_empty(*pi.shape, n_member)
+    h, n1, _ = k.shape
+
+    def rows(idx: torch.Tensor, sl: slice = slice(None)) -> torch.Tensor:  # [group, pair_bucket * pair] key rows
+        return group_key[sl, None] * n1 + torch.gather(plan.samples[group_cut[sl]], 1, idx[sl].flatten(1))
+
+    block = max(1, PAIR_BLOCK_CPU_BYTES // (8 * pi[0].numel() * dim)) if k.device.type == "cpu" else 0
+    flat = k.reshape(h * n1, dim)
+    for sl in head_chunks(n_group, block):  # the passes over the groups' pair differences
+        shape = (pi[sl].numel(), dim)
+        delta = torch.index_select(flat, 0, rows(pi, sl).reshape(-1), out=scratch("cut_pair_first", shape, k))
+        delta = delta.sub_(torch.index_select(flat, 0, rows(pj, sl).reshape(-1),
+                                              out=scratch("cut_pair_second", shape, k))).view(*pi[sl].shape, dim)
+        matmul(delta, linear[sl], out=lin[sl])
+        matmul(delta.mul_(delta), quad[sl], out=t1[sl])
+    mu, sud, w = lin[..., :n_member], lin[..., n_member:2 * n_member], lin[..., 2 * n_member:]
+    s_, suu_ = s[:, None, None, :], suu.permute(0, 2, 1)[:, :, None, :]  # [group, 1, 1, member], [g, pb, 1, member]
+    var = t1 - 2 * s_ * w * sud + (s_ * w) ** 2 * suu_  # [group, pair_bucket, pair, member]
+    weight = plan.pweight[group_cut]  # [group, pair_bucket, pair]
+    bound = (t1.sqrt() + s_ * w.abs() * suu_.sqrt()) ** 2
+    redo = ~(EXPANSION_CANCELLATION * var > bound) & (weight > 0)[..., None] & present[:, None, None, :]
+    if bool(redo.any()):  # the rotated difference itself, squared and weighted
+        g_, b_, p_, m_ = redo.nonzero(as_tuple=True)
+        x = (flat[rows(pi)[g_, b_ * pi.shape[2] + p_]] - flat[rows(pj)[g_, b_ * pi.shape[2] + p_]])  # [n, dim]
+        um = u[g_, m_]  # [n, dim]
+        x = x - (s[g_, m_] * (x * um).sum(-1))[:, None] * um  # H delta
+        var[g_, b_, p_, m_] = (x * x * cov[g_, m_, b_]).sum(-1)
+    pp = pairwise_plasticity(mu, var).movedim(-1, 1)  # [group, member, pair_bucket, pair]
+    return weighted_pair_mean(pp, weight[:, None]).movedim(1, -1)  # [group, pair_bucket, member]
 
 
 # --------------------------------------------------------------------------- chunks of units

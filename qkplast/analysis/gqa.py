@@ -116,60 +116,76 @@ def cross_profiles_of_cuts(capture: xr.Dataset, cuts, options=None, pairs=None, 
     ----------
     cuts : sequence of boolean masks ``[sample]`` or of sample indices
         Cut ``c`` is analysed as ``cross_profiles(capture.isel(sample=np.flatnonzero(cuts[c])))`` would analyse it:
-        its own key pairs, drawn on the cut (or ``pairs[c]``), its own Householder basis and query model per
-        (query head, key head) combination.
+        its own key pairs, drawn on the cut (or ``pairs[c]``), its own Householder basis and query model per query
+        head.
 
-    Every (cut, query head, key head of its layer) combination is one unit of the batched kernels of
-    :mod:`qkplast.analysis.cuts` (the closed form of :func:`qkplast.analysis.plasticity.pair_closed_form`), chunks
-    of units spread over the cores. Options the batched kernels do not reproduce
-    (:func:`qkplast.analysis.cuts.supports`) are analysed cut by cut.
+    Batched over a leading axis twice (:mod:`qkplast.analysis.cuts`): each (cut, query head) is one unit of the
+    queries' basis and model, and each (cut, head holding a key head's keys) one group whose pair differences every
+    query head of the layer is scored against at once (:func:`qkplast.analysis.cuts.shared_key_profiles`). A head's
+    own slot uses its own keys, as :func:`cross_profiles` does; the heads of a group share one set of keys in a
+    capture, and where their keys are bit for bit the representative's they share its group. Options the batched
+    kernels do not reproduce (:func:`qkplast.analysis.cuts.supports`) are analysed cut by cut.
     """
-    from qkplast.analysis.cuts import (closed_form_pair_profiles, cut_plan, gather_units, keeps_of, map_units,
-                                       padded_source, supports, unit_clouds)
+    from qkplast.analysis.cuts import (cut_plan, gather_rows, keeps_of, map_units, padded_source, rotated_models,
+                                       shared_key_profiles, supports, unit_clouds)
     from qkplast.options import AnalysisOptions
     from qkplast.tensors import SCRATCH_CPU_MB, auto_chunk
 
     opt = AnalysisOptions.from_kwargs(options, **overrides)
     keeps = keeps_of(capture, cuts)
-    n_cut = keeps.shape[0]
+    n_cut, n_head = keeps.shape[0], capture.sizes["head"]
     layer, kv = capture["layer"].values, capture["kv_head"].values
     n_slot = max(len(np.unique(kv[layer == ly])) for ly in np.unique(layer))
-    combos, slot_kv = [], np.full((capture.sizes["head"], n_slot), -1, dtype=np.int64)
-    for ly in np.unique(layer):  # the (query head, slot, head holding the slot's keys) combinations, as cross_profiles
+    slot_kv = np.full((n_head, n_slot), -1, dtype=np.int64)
+    k_all = capture["k"].values
+    groups = []  # (head whose keys are read, slot, [query heads scored against them]), as cross_profiles pairs them
+    for ly in np.unique(layer):
         heads = np.flatnonzero(layer == ly)
-        groups = np.unique(kv[heads])
-        rep = {g: heads[kv[heads] == g][0] for g in groups}
-        combos += [(h, j, h if g == kv[h] else rep[g]) for h in heads for j, g in enumerate(groups)]
-        slot_kv[heads, :len(groups)] = groups
-    combos = np.array(combos, dtype=np.int64)  # [combo, 3]
+        for j, g in enumerate(np.unique(kv[heads])):
+            rep = heads[kv[heads] == g][0]  # a captured head of the key head holds its keys
+            own = [h for h in heads[kv[heads] == g] if h != rep and not np.array_equal(k_all[h], k_all[rep])]
+            groups.append((rep, j, [h for h in heads if h not in own]))
+            groups += [(h, j, [h]) for h in own]  # a head whose keys differ from its group's reads its own
+        slot_kv[heads, :len(np.unique(kv[heads]))] = np.unique(kv[heads])
+    coords = {"kv_head_of_slot": (("head", "kv_slot"), slot_kv)}
     pairs = [None] * n_cut if pairs is None else list(pairs)
     if not supports(opt):
-        parts = [cross_profiles(capture.isel(sample=np.flatnonzero(keep)), opt).values for keep in keeps]
-        n_bucket = parts[0].shape[-1]
-        out = np.stack(parts)
-    else:
-        dev = resolve_device(opt.device)
-        plan = cut_plan(capture, keeps, opt, dev, pairs)
-        n_bucket = plan.n_bucket
-        q, k = (padded_source(capture[name].values, dev) for name in ("q", "k"))  # [head, sample + 1, dim]
-        q_head, k_head = (torch.as_tensor(combos[:, c], device=dev) for c in (0, 2))
-        n_combo = len(combos)
+        out = np.stack([cross_profiles(capture.isel(sample=np.flatnonzero(keep)), opt).values for keep in keeps])
+        return xr.DataArray(out, dims=("cut", "head", "kv_slot", "query_bucket"),
+                            coords={"query_bucket": np.arange(out.shape[-1]), **coords})
+    dev = resolve_device(opt.device)
+    plan = cut_plan(capture, keeps, opt, dev, pairs)
+    q, k = (padded_source(capture[name].values, dev) for name in ("q", "k"))  # [head, sample + 1, dim]
+    per_unit = 8 * plan.samples.shape[1] * capture.sizes["dim"] * 5  # the queries' float64 copies
 
-        def one_chunk(sl: slice) -> torch.Tensor:
-            unit = torch.arange(sl.start, sl.stop, device=dev)
-            cut, combo = unit // n_combo, unit % n_combo  # [unit] each
-            clouds = unit_clouds(*gather_units(q, k, plan, cut, q_head[combo], k_head[combo]), plan, cut,
-                                 centred_keys=False)
-            return closed_form_pair_profiles(clouds, plan, cut)  # [unit, bucket]
+    def query_chunk(sl: slice) -> tuple:  # the basis and model of query units (cut, head)
+        unit = torch.arange(sl.start, sl.stop, device=dev)
+        cut = unit // n_head
+        clouds = unit_clouds(gather_rows(q, plan, cut, unit % n_head, "cut_q"), None, plan, cut, centred_keys=False)
+        return rotated_models(clouds, plan)
 
-        # per unit: its clouds' float64 copies and one bucket's worth of gathered key rows at a time (the pair blocks)
-        per_unit = 8 * plan.samples.shape[1] * capture.sizes["dim"] * 5 + 8 * plan.pi[0].numel() * 4
-        chunk = opt.head_chunk or auto_chunk(per_unit, dev, SCRATCH_CPU_MB)
-        prof = to_numpy(torch.cat(map_units(one_chunk, n_cut * n_combo, chunk, dev))).reshape(n_cut, n_combo, -1)
-        out = np.full((n_cut, capture.sizes["head"], n_slot, n_bucket), np.nan)
-        profile = np.full((n_cut, n_combo, n_bucket), np.nan)
-        profile[..., plan.pair_buckets] = prof  # buckets without a weighted pair: NaN
-        out[:, combos[:, 0], combos[:, 1]] = profile
+    parts = map_units(query_chunk, n_cut * n_head, opt.head_chunk or auto_chunk(per_unit, dev, SCRATCH_CPU_MB), dev)
+    models = tuple(torch.cat(x) for x in zip(*parts))  # rows: unit = cut * n_head + head
+    n_member = max(len(m) for _, _, m in groups)
+    key_head = torch.as_tensor([r for r, _, _ in groups], device=dev)
+    member_head = np.zeros((len(groups), n_member), dtype=np.int64)
+    present = np.zeros((len(groups), n_member), dtype=bool)
+    for i, (_, _, m) in enumerate(groups):
+        member_head[i, :len(m)], present[i, :len(m)] = m, True
+    member_head, present = torch.as_tensor(member_head, device=dev), torch.as_tensor(present, device=dev)
+
+    def group_chunk(sl: slice) -> torch.Tensor:  # groups (cut, key source) in cut-major order
+        index = torch.arange(sl.start, sl.stop, device=dev)
+        cut, g = index // len(groups), index % len(groups)
+        return shared_key_profiles(k, plan, cut, key_head[g], models, cut[:, None] * n_head + member_head[g],
+                                   present[g])  # [group, pair_bucket, member]
+
+    per_group = 8 * plan.pi[0].numel() * (capture.sizes["dim"] * 2 + 8 * n_member)
+    prof = to_numpy(torch.cat(map_units(group_chunk, n_cut * len(groups),
+                                        auto_chunk(per_group, dev, SCRATCH_CPU_MB), dev)))
+    prof = prof.reshape(n_cut, len(groups), len(plan.pair_buckets), n_member)
+    out = np.full((n_cut, n_head, n_slot, plan.n_bucket), np.nan)
+    for i, (_, j, m) in enumerate(groups):  # buckets without a weighted pair stay NaN
+        out[:, np.asarray(m)[:, None], j, plan.pair_buckets[None, :]] = np.moveaxis(prof[:, i, :, :len(m)], -1, 1)
     return xr.DataArray(out, dims=("cut", "head", "kv_slot", "query_bucket"),
-                        coords={"query_bucket": np.arange(n_bucket),
-                                "kv_head_of_slot": (("head", "kv_slot"), slot_kv)})
+                        coords={"query_bucket": np.arange(plan.n_bucket), **coords})

@@ -158,3 +158,26 @@ def test_cross_profiles_of_left_out_captures_are_the_per_capture_ones():
         np.testing.assert_array_equal(batched.kv_head_of_slot.values, ref.kv_head_of_slot.values)
         np.testing.assert_array_equal(np.isnan(batched.values[c]), np.isnan(ref.values))
         np.testing.assert_allclose(batched.values[c], ref.values, rtol=RTOL, atol=ATOL)
+
+
+def test_keys_that_differ_within_a_group_are_each_heads_own():
+    """cross_profiles scores a head's own slot against its own keys: heads of one group with different keys (not a
+    capture's, a test's) take groups of their own, and the values are still the per-capture ones."""
+    cap, _ = planted_capture(n_heads=18, dim=8, n_docs=4, samples_per_bucket=6, seed=4, doc_effect=0.3)
+    opt = AnalysisOptions(n_pairs=32)
+    cuts = jackknife_cuts(cap)[:3]
+    batched = quiet(cross_profiles_of_cuts, cap, cuts, opt)
+    for c, keep in enumerate(cuts):
+        ref = quiet(cross_profiles, cap.isel(sample=np.flatnonzero(keep)), opt)
+        np.testing.assert_allclose(batched.values[c], ref.values, rtol=RTOL, atol=ATOL)
+
+
+def test_keys_drifting_far_more_than_they_vary_are_scored_from_their_differences():
+    """Where the keys' drift makes most of a pair's difference, the variance without the drift cancels in its
+    expansion: those pairs are computed from their differences, and every cut still equals the per-capture value."""
+    cap, _ = planted_capture(n_heads=3, dim=8, seq_len=2048, bucket_size=128, n_docs=4, samples_per_bucket=6, seed=8,
+                             key_slope=5e-3, key_noise=0.02, key_axis=1)
+    opt = AnalysisOptions(n_pairs=48)
+    cuts = jackknife_cuts(cap)
+    np.testing.assert_allclose(quiet(model_level_terms_of_cuts, cap, cuts, opt),
+                               per_cut_terms(cap, cuts, opt), rtol=RTOL, atol=ATOL)
