@@ -35,6 +35,7 @@ exactly, replicate by replicate.
 
 from __future__ import annotations
 
+import math
 
 import numpy as np
 import torch
@@ -45,8 +46,9 @@ from qkplast.analysis.linalg import householder_vector
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.vectors import analysis_vectors
 from qkplast.analysis.pairs import pair_plan
-from qkplast.analysis.plasticity import bucket_weights, edge_masks, fast_pairwise_plasticity  # noqa: F401  (re-exported)
+from qkplast.analysis.plasticity import bucket_weights, edge_masks
 
+_SQRT1_2 = 1 / math.sqrt(2)
 #: the model-level statistics of a replicate, in this order
 STATISTICS = ("ap_overall", "ap_first20", "ap_last20", "ap_drop", "bias_strength", "key_position_slope")
 
@@ -55,6 +57,15 @@ def supports(options: AnalysisOptions) -> bool:
     """Whether :func:`reweighted_statistics` reproduces the analysis for these options."""
     return (options.covariance, options.semantic_stats, options.positional_fit, options.query_position,
             options.pair_docs) == ("diagonal", "per_bucket", "global", "midpoint", "same")
+
+
+def fast_pairwise_plasticity(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """``4 Phi(z) Phi(-z)`` with one erfc: ``p = Phi(-|z|) <= 1/2`` is exact from erfc and ``1 - p >= 1/2``
+    loses nothing, so ``4 p (1 - p)`` equals the two-tail product to rounding. NaN where ``var <= 0``."""
+    ok = var > 0
+    z = mu.abs() / torch.sqrt(torch.where(ok, var, torch.ones_like(var)))
+    p = 0.5 * torch.special.erfc(z * _SQRT1_2)
+    return torch.where(ok, 4 * p * (1 - p), torch.full_like(p, float("nan")))
 
 
 def _pp_inplace(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
