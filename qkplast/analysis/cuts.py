@@ -17,15 +17,19 @@ Python loop of whole analyses:
   ``[unit, sample, dim]`` tensors, padding rows zero;
 - :func:`unit_clouds`: each unit's moments, Householder basis (eq. 4.10) and diagonal query model (eqs.
   4.11-4.12) as the per-capture analysis computes them for the cut (:class:`UnitClouds`);
-- :func:`counterfactual_pair_profiles` and :func:`closed_form_pair_profiles`: the pair kernels, the closed form
-  of the four counterfactual models of :mod:`qkplast.analysis.decompose` and of the fitted model, averaged over
-  each bucket's pairs with the estimator's weights ``[unit, bucket(, variant)]``;
+- :func:`counterfactual_pair_profiles`: the closed form of the four counterfactual models of
+  :mod:`qkplast.analysis.decompose`, averaged over each bucket's pairs with the estimator's weights
+  ``[unit, bucket, variant]``;
+- :func:`rotated_models` and :func:`shared_key_profiles`: the closed form of the fitted model for query units that
+  share their keys (every query head of a GQA layer against one key head, :mod:`qkplast.analysis.gqa`), the pair
+  differences formed once per key head in the captured basis and read for every query head at once;
 - :func:`map_units`: the units in chunks (``[unit, sample, dim]`` temporaries of a few dozen megabytes on the CPU,
   about 1 GB on a GPU), spread over the cores as :func:`qkplast.tensors.map_head_chunks` spreads heads.
 
-Every kernel is torch, device-agnostic and free of host round trips; the padded samples carry zero weight in
-every sum, so a unit's values are those of its cut analysed alone, up to the order of floating-point sums (the
-unit tests compare the two cut by cut, to 1e-12 relative). Only the options of the thesis's default model are
+Every kernel is torch and device-agnostic (on a GPU a chunk is one block; its only synchronisation is the check,
+after the chunk's passes, for the rare pairs whose variance is recomputed in its exact form); the padded samples
+carry zero weight in every sum, so a unit's values are those of its cut analysed alone, up to the order of
+floating-point sums (the unit tests compare the two cut by cut, to 1e-12 relative). Only the options of the thesis's default model are
 batched (:func:`supports`): a diagonal covariance, per-bucket semantic statistics and the global positional fit;
 callers fall back to a loop of per-cut analyses for the others.
 """
@@ -40,17 +44,14 @@ import xarray as xr
 
 from qkplast.analysis.linalg import householder_apply, householder_vector
 from qkplast.analysis.pairs import KeyPairs, bucket_positions, pair_weights, sample_key_pairs
-from qkplast.analysis.plasticity import QueryModel, fast_pairwise_plasticity, pairwise_plasticity, weighted_pair_mean
+from qkplast.analysis.plasticity import QueryModel, pairwise_plasticity, weighted_pair_mean
 from qkplast.options import AnalysisOptions
-from qkplast.tensors import (SCRATCH_CPU_MB, auto_chunk, einsum, head_chunks, map_head_chunks, matmul, scratch)
+from qkplast.tensors import SCRATCH_CPU_MB, auto_chunk, head_chunks, map_head_chunks, matmul, scratch
 
-__all__ = ["CutPlan", "UnitClouds", "closed_form_pair_profiles", "counterfactual_pair_profiles", "cut_plan",
+__all__ = ["CutPlan", "UnitClouds", "counterfactual_pair_profiles", "cut_plan",
            "gather_rows", "gather_units", "keeps_of", "map_units", "padded_source", "pair_means", "rotated_models",
            "sample_view", "shared_key_profiles", "supports", "unit_clouds", "unit_chunk"]
 
-#: a variance below this fraction of the two keys' own quadratic forms is recomputed from the pair's difference,
-#: as :func:`qkplast.analysis.plasticity.pair_moments` does
-CANCELLATION = 1e-6
 #: bytes of one block of pair differences on the CPU (:data:`qkplast.analysis.plasticity.PAIR_BLOCK_CPU_BYTES`'s
 #: reasoning: the passes over a block find it in cache)
 PAIR_BLOCK_CPU_BYTES = 4 * 2**20
@@ -393,10 +394,11 @@ def counterfactual_pair_profiles(clouds: UnitClouds, plan: CutPlan, cut: torch.T
 
 
 def pair_means(mu: torch.Tensor, var: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """:func:`qkplast.analysis.plasticity.weighted_pair_mean` of :func:`~qkplast.analysis.plasticity.fast_pairwise_plasticity`
-    over the pair axis ``-2`` of ``[..., pair, model]`` means and variances: ``4 p (1 - p)`` with ``p = Phi(-|z|)``,
-    as ``e (2 - e)`` with ``e = erfc(|z| / sqrt 2) = 2 p``, each pair with ``weight`` (broadcast) unless its
-    variance is not positive; NaN where no pair has weight. In place on ``mu``."""
+    """:func:`qkplast.analysis.plasticity.weighted_pair_mean` of the pairwise plasticity ``4 Phi(z) Phi(-z)``
+    (:func:`~qkplast.analysis.plasticity.pairwise_plasticity`) over the pair axis ``-2`` of ``[..., pair, model]``
+    means and variances, with one erfc: ``4 p (1 - p)`` with ``p = Phi(-|z|) <= 1/2`` (exact from erfc, and
+    ``1 - p >= 1/2`` loses nothing) as ``e (2 - e)``, ``e = erfc(|z| / sqrt 2) = 2 p``. Each pair counts with
+    ``weight`` (broadcast) unless its variance is not positive; NaN where no pair has weight. In place on ``mu``."""
     ok = var > 0
     e = mu.mul_(mu).div_(torch.where(ok, var, torch.ones_like(var))).mul_(0.5).sqrt_().erfc_()  # 2 Phi(-|z|)
     w = torch.where(ok, weight, torch.zeros_like(var))
@@ -404,41 +406,6 @@ def pair_means(mu: torch.Tensor, var: torch.Tensor, weight: torch.Tensor) -> tor
     num = e.mul_(2 - e).mul_(w).sum(-2)
     return torch.where(total > 0, num / torch.where(total > 0, total, torch.ones_like(total)),
                        torch.full_like(total, float("nan")))
-
-
-def closed_form_pair_profiles(clouds: UnitClouds, plan: CutPlan, cut: torch.Tensor) -> torch.Tensor:
-    """Closed-form plasticity of the fitted model averaged over each bucket's pairs ``[unit, pair_bucket]``.
-
-    :func:`qkplast.analysis.plasticity.pair_moments` on every unit with its cut's pairs: ``mu`` from the per-key
-    projections ``m_b^T K``, ``v = s_i + s_j - 2 c_ij`` with ``s = sigma_b^2 . (K * K)`` and one weighted dot ``c_ij``
-    per pair (the one pass over the pairs' keys, per block of units), and the weighted pairs whose variance cancels
-    (below :data:`CANCELLATION` of ``s_i + s_j``) recomputed from their difference vector, so the values are those of
-    :func:`qkplast.analysis.plasticity.pair_closed_form`.
-    """
-    kr, model = clouds.kr, clouds.model
-    n_unit = kr.shape[0]
-    sel = torch.as_tensor(plan.pair_buckets, device=kr.device)
-    mean, cov = model.mean[:, sel], model.cov[:, sel]  # [unit, pair_bucket, dim]
-    pi, pj = plan.pi[cut], plan.pj[cut]  # [unit, pair_bucket, pair]
-    cross = kr.new_empty(pi.shape)  # c_ij = sum_d sigma_bd^2 k_id k_jd
-    for sl in head_chunks(n_unit, pair_block_units(plan, kr.shape[-1], kr.device)):  # the pass over the pairs' keys
-        ki = _pair_rows(kr[sl], cut[sl], plan.pi, "cut_pair_first")  # [unit, pair_bucket, pair, dim]
-        kj = _pair_rows(kr[sl], cut[sl], plan.pj, "cut_pair_second")
-        cross[sl] = einsum("ubpd,ubd,ubpd->ubp", ki, cov[sl], kj)
-    gather = lambda x, idx: torch.gather(x, 2, idx)  # noqa: E731  [unit, bucket, n] -> [unit, bucket, pair]
-    mk = matmul(mean, kr.transpose(1, 2))  # [unit, pair_bucket, n] m_b^T k
-    sk = matmul(cov, (kr * kr).transpose(1, 2))  # [unit, pair_bucket, n] sigma_b^2 . (k * k)
-    mu = gather(mk, pi) - gather(mk, pj)  # [unit, pair_bucket, pair]
-    own = gather(sk, pi) + gather(sk, pj)
-    var = own - 2 * cross
-    weight = plan.pweight[cut]
-    # padding pairs (i = j = 0) cancel exactly and weigh nothing: only the weighted ones are recomputed
-    bad = (var <= CANCELLATION * own.abs()) & (weight > 0)
-    if bool(bad.any()):  # the two keys nearly coincide: the variance from their difference
-        u, b, p = bad.nonzero(as_tuple=True)
-        d = kr[u, pi[u, b, p]] - kr[u, pj[u, b, p]]  # [n_bad, dim]
-        var[u, b, p] = (d * d * cov[u, b]).sum(-1)
-    return weighted_pair_mean(pairwise_plasticity(mu, var), weight)  # [unit, pair_bucket]
 
 
 def rotated_models(clouds: UnitClouds, plan: CutPlan) -> tuple[torch.Tensor, ...]:

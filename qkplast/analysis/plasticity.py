@@ -77,16 +77,6 @@ def pairwise_plasticity(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, pp, torch.full_like(pp, float("nan")))
 
 
-def fast_pairwise_plasticity(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    """:func:`pairwise_plasticity` with one erfc: ``p = Phi(-|z|) <= 1/2`` is exact from erfc and ``1 - p >= 1/2``
-    loses nothing, so ``4 p (1 - p)`` equals the two-tail product to rounding (half the special-function work on
-    the kernels that evaluate many models per pair). NaN where ``var <= 0``."""
-    ok = var > 0
-    z = mu.abs() / torch.sqrt(torch.where(ok, var, torch.ones_like(var)))
-    p = 0.5 * torch.special.erfc(z * _SQRT1_2)
-    return torch.where(ok, 4 * p * (1 - p), torch.full_like(p, float("nan")))
-
-
 def bucket_members(onehot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample indices of each bucket, padded: ``[bucket, n_max]`` indices and a mask of the real ones.
 
