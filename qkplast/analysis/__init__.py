@@ -7,7 +7,8 @@ rotation model (:mod:`~qkplast.analysis.rotation`) and attention plasticity
 Monte Carlo signs in :mod:`~qkplast.analysis.certified_signs`),
 then listwise plasticity (:mod:`~qkplast.analysis.listwise`) and the AP_drop decomposition
 (:mod:`~qkplast.analysis.decompose`). :mod:`~qkplast.analysis.gqa` and :mod:`~qkplast.analysis.pooling`
-read metrics or captures for their own questions.
+read metrics or captures for their own questions. :mod:`~qkplast.analysis.cuts` analyses many cuts of one
+capture at once (a jackknife's left-out captures, reseeded baselines), batched over a leading axis.
 """
 
 from qkplast.analysis.decompose import decompose_drop

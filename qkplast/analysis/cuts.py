@@ -108,7 +108,6 @@ class CutPlan:
     pj: torch.Tensor  # [cut, pair_bucket, pair]
     pweight: torch.Tensor  # [cut, pair_bucket, pair] weight in the bucket's mean; 0 where not valid (float64)
     buckets: np.ndarray  # [bucket]
-    tau_np: np.ndarray  # [cut, bucket]
     pairs: list  # KeyPairs of each cut (over every bucket)
 
     @property
@@ -176,7 +175,7 @@ def cut_plan(capture: xr.Dataset, keeps: np.ndarray, opt: AnalysisOptions, dev: 
     f64 = lambda x: torch.as_tensor(x, dtype=torch.float64, device=dev)  # noqa: E731
     i64 = lambda x: torch.as_tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
     return CutPlan(i64(samples), f64(present), f64(sizes.astype(float)), f64(t), i64(bucket), f64(counts), f64(usable),
-                   f64(tau), pair_buckets, i64(pi), i64(pj), f64(pweight), buckets, tau, drawn)
+                   f64(tau), pair_buckets, i64(pi), i64(pj), f64(pweight), buckets, drawn)
 
 
 # --------------------------------------------------------------------------- units: (cut, query head, key head)

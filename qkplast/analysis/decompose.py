@@ -311,6 +311,8 @@ def counterfactual_ap_of_cuts(capture: xr.Dataset, cuts, options: AnalysisOption
         return out
     dev = resolve_device(opt.device)
     plan = cut_plan(capture, keeps, opt, dev, pairs, buckets)
+    if not len(plan.pair_buckets):  # no bucket of any cut has a weighted pair: every profile is NaN
+        return out
     q, k = (padded_source(capture[name].values, dev) for name in ("q", "k"))  # [head, sample + 1, dim] float64
 
     def one_chunk(sl: slice) -> torch.Tensor:

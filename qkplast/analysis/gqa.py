@@ -155,6 +155,9 @@ def cross_profiles_of_cuts(capture: xr.Dataset, cuts, options=None, pairs=None, 
                             coords={"query_bucket": np.arange(out.shape[-1]), **coords})
     dev = resolve_device(opt.device)
     plan = cut_plan(capture, keeps, opt, dev, pairs)
+    if not len(plan.pair_buckets):  # no bucket of any cut has a weighted pair: every profile is NaN
+        return xr.DataArray(np.full((n_cut, n_head, n_slot, plan.n_bucket), np.nan), dims=("cut", "head", "kv_slot",
+                            "query_bucket"), coords={"query_bucket": np.arange(plan.n_bucket), **coords})
     q, k = (padded_source(capture[name].values, dev) for name in ("q", "k"))  # [head, sample + 1, dim]
     per_unit = 8 * plan.samples.shape[1] * capture.sizes["dim"] * 5  # the queries' float64 copies
 

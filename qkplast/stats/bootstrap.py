@@ -35,7 +35,11 @@ with ``reason``, where the data cannot give one).
 policy interval for any model-level statistic of a capture (the AP_drop
 parts of :mod:`qkplast.analysis.decompose` among them) by re-analysing the
 capture with each document left out (and each pair of documents, where
-the policy needs it: :func:`document_jackknife2`).
+the policy needs it: :func:`document_jackknife2`). A statistic with an
+``of_cuts`` method analyses all those left-out captures in one batch
+(:func:`documents_left_out`, :mod:`qkplast.analysis.cuts`), and
+:func:`document_replicates` keeps their values in a run directory through a
+``store`` (:func:`qkplast.rundir.product_store`).
 """
 
 from __future__ import annotations
