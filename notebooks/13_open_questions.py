@@ -90,7 +90,7 @@ import qkplast.results.extra_metrics as op
 from qkplast.analysis.gqa import gqa_testable
 from qkplast.stats.permutation_tests import gqa_similarity
 from qkplast.experiments.condition_captures import capture_conditions, reseed_null
-from qkplast.rundir import chapter_run
+from qkplast.rundir import chapter_run, product_store
 from qkplast.results import tables as results
 from qkplast.stats.condition_readings import condition_table, describe_conditions, mechanism_reading, read_conditions
 from qkplast.stats.decision import holm, verdict
@@ -100,6 +100,7 @@ run = chapter_run(run_dir, globals())  # the run's settings from its manifest (d
 capture, metrics = run.capture, run.metrics
 opt, seed = run.options, run.analysis.seed  # the capture settings (qkplast.CaptureOptions) and the analysis seed
 docs, heads = opt.docs, opt.heads
+store = product_store(run_dir)  # the page's jackknives and nulls are kept in the run directory and read back
 
 # %% [markdown]
 # ## 1. Pairwise and listwise plasticity
@@ -138,7 +139,7 @@ m2_gaussian = float(np.nanmax(np.abs(metrics.ap_set.sel(set_size=2) - metrics.ap
 m2_mc = float(np.nanmax(np.abs(metrics.ap_set_mc.sel(set_size=2) - metrics.ap_mc)))
 print(f"m = 2 against pairwise AP, largest difference over heads and buckets below 1e-12 (rounding): "
       f"model {m2_gaussian < 1e-12}, captured queries {m2_mc < 1e-12}")
-listwise = op.listwise_document_intervals(capture, metrics, n_perm=n_perm, seed=seed)
+listwise = op.listwise_document_intervals(capture, metrics, n_perm=n_perm, seed=seed, store=store)
 print(listwise.attrs["method"])
 listwise.drop(columns=[c for c in listwise.columns if c.startswith(("rho", "p_perm"))]
               + ([] if listwise.reason.astype(bool).any() else ["reason"])).round(3)
@@ -241,7 +242,7 @@ near.dropna(how="all").round(3)
 identity = float(np.nanmax(np.abs(sum(metrics[n] for n in ("ap_drop_baseline", "ap_drop_bias", "ap_drop_content",
                                                             "ap_drop_interaction")) - metrics.ap_drop)))
 print(f"largest |baseline + bias + content + interaction - ap_drop| over heads below 1e-12 (rounding): {identity < 1e-12}")
-decomposition = results.decomposition_table(capture, metrics)
+decomposition = results.decomposition_table(capture, metrics, store=store)
 print(decomposition.attrs["method"])
 decomposition.round(4)
 
@@ -287,8 +288,8 @@ captures, capture_seconds = capture_conditions(
     run_dir, opt, docs=cond_docs, seq_len=cond_seq_len, rope_factors=rope_factors, window_lengths=window_lengths,
     sinks=sinks, mask_k=mask_k, samples_per_bucket=cond_samples_per_bucket, heads=min(cond_heads, heads or cond_heads),
     reuse=capture)
-values, differences = condition_table(captures, None)
-null = reseed_null(captures["all_positions"], captures["baseline"], n_reseeds)
+values, differences = condition_table(captures, None, store=store)
+null = reseed_null(captures["all_positions"], captures["baseline"], n_reseeds, store=store)
 conditions_seconds, conditions_cpu = time.perf_counter() - t0, time.process_time() - t0_cpu
 shown = [c for c in captures if c != "all_positions"]
 print(f"{len(shown) - 1} conditions on {values.attrs['documents']} documents; null: {len(null)} reseeded baselines")
@@ -354,7 +355,7 @@ others.round(4)
 # %%
 gqa_result = None
 if gqa_testable(metrics):
-    gqa_result = op.gqa_reading(capture, metrics, n_perm=n_perm, seed=seed)
+    gqa_result = op.gqa_reading(capture, metrics, n_perm=n_perm, seed=seed, store=store)
     gqa = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
     print(gqa_result.attrs["method"])
     g = gqa_result.iloc[0]

@@ -49,6 +49,7 @@ __all__ = [
     "open_capture",
     "save_dataset",
     "open_dataset",
+    "read_attrs",
 ]
 
 REQUIRED_ATTRS = ("model", "seq_len", "bucket_size", "seed", "dtype", "corpus", "n_q_heads", "n_kv_heads")
@@ -264,6 +265,22 @@ def open_dataset(path: str | os.PathLike) -> xr.Dataset:
         if var.dtype.kind == "O":
             ds[name] = var.copy(data=var.values.astype(str))
     return ds
+
+
+def read_attrs(path: str | os.PathLike) -> dict | None:
+    """The attributes :func:`open_dataset` restores, read without the data (None for a file that is not a dataset of
+    :func:`save_dataset`, unreadable or foreign): what a cache needs to decide whether a file is the one it wants,
+    at the cost of its header instead of its hundreds of megabytes."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            raw = f.attrs.get(_ATTRS_KEY)
+        if raw is None:
+            return None
+        return json.loads(json.loads(raw.decode() if isinstance(raw, bytes) else raw)["dataset"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def save_capture(ds: xr.Dataset, path: str | os.PathLike, *, overwrite: bool = False) -> Path:

@@ -8,7 +8,8 @@ Monte Carlo signs in :mod:`~qkplast.analysis.certified_signs`),
 then listwise plasticity (:mod:`~qkplast.analysis.listwise`) and the AP_drop decomposition
 (:mod:`~qkplast.analysis.decompose`). :mod:`~qkplast.analysis.gqa` and :mod:`~qkplast.analysis.pooling`
 read metrics or captures for their own questions; :mod:`~qkplast.analysis.schema` holds what readers of a
-finished analysis need without running it.
+finished analysis need without running it. :mod:`~qkplast.analysis.cuts` analyses many cuts of one capture at once
+(a jackknife's left-out captures, reseeded baselines), batched over a leading axis.
 """
 
 # pca, rotation, plasticity and listwise are both modules and their one public function: the functions stay

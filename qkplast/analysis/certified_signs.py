@@ -140,6 +140,10 @@ def sign_sums(rows: torch.Tensor, queries: torch.Tensor, qidx: torch.Tensor, qma
     if n_unsure:
         # the uncertain scores of the uncertain pairs, recomputed in float64; each replaces its float32 sign
         h, b, p = unsure.nonzero(as_tuple=True)
+        # a difference of exact zeros (a padding pair, i = j) scores exactly 0 in float32 and float64 alike: its
+        # signs are already right, and recomputing them (every query of the bucket) was most of this branch's work
+        moving = rows[h, b, p].ne(0).any(-1)
+        h, b, p = h[moving], b[moving], p[moving]
         row, slot = (size[h, b, p] <= bound[h, b, p][:, None]).nonzero(as_tuple=True)  # padding is +inf: never
         h, b, p = h[row], b[row], p[row]
         exact = (rows[h, b, p] * queries[h, qidx[b, slot]]).sum(-1)  # [n_scores]

@@ -267,3 +267,134 @@ def model_level_terms(capture: xr.Dataset, options: AnalysisOptions | None = Non
         out = {"ap_drop": float(np.nanmean(drop_of(cf, first, last)))}
         out.update({name: float(np.nanmean(d[name].values)) for name in TERMS})
     return out
+
+
+# --------------------------------------------------------------------------- many cuts of one capture at once
+
+
+def counterfactual_ap_of_cuts(capture: xr.Dataset, cuts, options: AnalysisOptions | None = None, pairs=None,
+                              buckets=None) -> np.ndarray:
+    """:func:`counterfactual_ap` of many cuts of one capture at once: ``[variant, cut, head, query_bucket]``.
+
+    Parameters
+    ----------
+    cuts : sequence of boolean masks ``[sample]`` or of sample indices
+        The cuts; cut ``c`` is analysed as ``capture.isel(sample=np.flatnonzero(cuts[c]))`` alone would be.
+    pairs : list of KeyPairs or None, optional
+        Each cut's key pairs (as :func:`counterfactual_ap`'s ``pairs``); default (or None in the list): drawn on the
+        cut.
+    buckets : array of int, optional
+        The buckets to evaluate (default: all); the others are NaN.
+
+    The cuts and heads are batched as units ``(cut, head)`` (:mod:`qkplast.analysis.cuts`): each unit's moments,
+    Householder basis, query model and counterfactual profiles in one pass over chunks of units, its cut's pairs
+    gathered per unit. The values are :func:`counterfactual_ap`'s on each cut, up to the order of floating-point
+    sums. Options the batched kernels do not reproduce (:func:`qkplast.analysis.cuts.supports`) are analysed cut
+    by cut.
+    """
+    from qkplast.analysis.cuts import (counterfactual_pair_profiles, cut_plan, gather_units, keeps_of, map_units,
+                                       padded_source, supports, unit_chunk, unit_clouds)
+    from qkplast.analysis.pairs import bucket_positions
+
+    opt = AnalysisOptions.from_kwargs(options)
+    capture = analysis_vectors(capture, opt)  # head_dims, query_scale (identity under the defaults)
+    keeps = keeps_of(capture, cuts)
+    n_cut, n_head = keeps.shape[0], capture.sizes["head"]
+    pairs = [None] * n_cut if pairs is None else list(pairs)
+    n_bucket = len(bucket_positions(capture, opt.query_position)[0])
+    buckets = np.arange(n_bucket) if buckets is None else np.asarray(buckets, dtype=np.int64)
+    out = np.full((len(VARIANTS), n_cut, n_head, n_bucket), np.nan)
+    if not supports(opt):  # a loop of per-cut analyses
+        for c, keep in enumerate(keeps):
+            cf = counterfactual_ap(capture.isel(sample=np.flatnonzero(keep)), opt, pairs[c])
+            out[:, c][..., buckets] = cf.values[..., buckets]
+        return out
+    dev = resolve_device(opt.device)
+    plan = cut_plan(capture, keeps, opt, dev, pairs, buckets)
+    if not len(plan.pair_buckets):  # no bucket of any cut has a weighted pair: every profile is NaN
+        return out
+    q, k = (padded_source(capture[name].values, dev) for name in ("q", "k"))  # [head, sample + 1, dim] float64
+
+    def one_chunk(sl: slice) -> torch.Tensor:
+        unit = torch.arange(sl.start, sl.stop, device=dev)
+        cut, head = unit // n_head, unit % n_head  # [unit] each
+        clouds = unit_clouds(*gather_units(q, k, plan, cut, head, head), plan, cut)
+        return counterfactual_pair_profiles(clouds, plan, cut)  # [unit, pair_bucket, variant]
+
+    chunk = unit_chunk(plan, capture.sizes["dim"], opt, dev)
+    prof = to_numpy(torch.cat(map_units(one_chunk, n_cut * n_head, chunk, dev)))  # [cut * head, pair_bucket, variant]
+    out[..., plan.pair_buckets] = np.moveaxis(prof, -1, 0).reshape(len(VARIANTS), n_cut, n_head, -1)
+    return out
+
+
+def edge_buckets(capture: xr.Dataset, opt: AnalysisOptions) -> np.ndarray | None:
+    """The buckets ``ap_drop`` and its parts read (the first and last ``edge_fraction``), when every cut of the
+    capture has the same ones (midpoint positions, or the bucket-index rule); None otherwise."""
+    from qkplast.analysis.pairs import bucket_positions
+
+    if opt.query_position != "midpoint" and opt.edge_rule == "position":
+        return None
+    _, tau, _, _ = bucket_positions(capture, opt.query_position)
+    first, last = edge_masks(tau, int(capture.attrs["seq_len"]), opt)
+    return np.flatnonzero(first | last)
+
+
+def model_level_terms_of_cuts(capture: xr.Dataset, cuts, options: AnalysisOptions | None = None,
+                              pairs=None) -> np.ndarray:
+    """:func:`model_level_terms` of many cuts of one capture at once: ``[cut, quantity]`` (``ap_drop`` and
+    :data:`TERMS`, the order of :func:`model_level_terms`'s dict).
+
+    Only the buckets of the first and last ``edge_fraction`` enter ``ap_drop`` and its parts, so only their pairs
+    are evaluated (:func:`counterfactual_ap_of_cuts` with ``buckets``): the other buckets' profiles would be
+    computed and never read. ``cuts`` and ``pairs`` as for :func:`counterfactual_ap_of_cuts`.
+    """
+    from qkplast.analysis.pairs import bucket_positions
+
+    opt = AnalysisOptions.from_kwargs(options)
+    prof = counterfactual_ap_of_cuts(capture, cuts, opt, pairs, edge_buckets(capture, opt))  # [variant, cut, head, bucket]
+    seq_len = int(capture.attrs["seq_len"])
+    midpoint = bucket_positions(capture, "midpoint")[1]  # every cut's tau unless it is the queries' mean position
+    return np.array([_terms_of_profiles(prof[:, c], midpoint if opt.query_position == "midpoint" else
+                                        _cut_tau(capture, cuts[c], opt), seq_len, opt) for c in range(prof.shape[1])])
+
+
+def _cut_tau(capture: xr.Dataset, cut, opt: AnalysisOptions) -> np.ndarray:
+    """The representative positions of a cut's buckets (``query_position="mean"`` depends on the cut's samples)."""
+    from qkplast.analysis.cuts import keeps_of, sample_view
+    from qkplast.analysis.pairs import bucket_positions
+
+    keep = keeps_of(capture, [cut])[0]
+    return bucket_positions(sample_view(capture).isel(sample=np.flatnonzero(keep)), opt.query_position)[1]
+
+
+def _terms_of_profiles(profiles: np.ndarray, tau: np.ndarray, seq_len: int, opt: AnalysisOptions) -> list[float]:
+    """``ap_drop`` and its parts as means over heads from the counterfactual profiles ``[variant, head, bucket]``, as
+    :func:`model_level_terms` forms them (:func:`decomposition_dataset`'s parts, ``Drop(1, 1)`` for ``ap_drop``)."""
+    first, last = edge_masks(tau, seq_len, opt)
+    drops = drop_of(profiles, first, last)  # [variant, head]
+    parts = terms_from_drops(drops, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return [float(np.nanmean(drops[0]))] + [float(np.nanmean(parts[name])) for name in TERMS]
+
+
+class ModelLevelTerms:
+    """:func:`model_level_terms` as a statistic of :func:`qkplast.stats.bootstrap.document_interval`: a callable on
+    one capture (``statistic(capture, pairs=None) -> [quantity]``) that also analyses many cuts of one capture at
+    once (``statistic.of_cuts(capture, cuts, pairs) -> [cut, quantity]``, :func:`model_level_terms_of_cuts`).
+
+    ``names`` selects and orders the quantities (default: ``ap_drop`` and :data:`TERMS`).
+    """
+
+    QUANTITIES = ("ap_drop",) + TERMS
+
+    def __init__(self, options: AnalysisOptions | None = None, names=None):
+        self.options = options or AnalysisOptions()
+        self.names = tuple(names or self.QUANTITIES)
+        self._at = [self.QUANTITIES.index(n) for n in self.names]
+
+    def __call__(self, capture: xr.Dataset, pairs=None) -> np.ndarray:
+        return self.of_cuts(capture, [np.ones(capture.sizes["sample"], dtype=bool)], [pairs])[0]
+
+    def of_cuts(self, capture: xr.Dataset, cuts, pairs=None) -> np.ndarray:
+        return model_level_terms_of_cuts(capture, cuts, self.options, pairs)[:, self._at]

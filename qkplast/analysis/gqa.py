@@ -34,15 +34,22 @@ def profile_distances(profiles: torch.Tensor) -> torch.Tensor:
 
 
 def within_minus_between(dist: torch.Tensor, labels: torch.Tensor, layer: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``T``, the within-group and the between-group mean distances for label sets ``labels`` ``[perm, head]``."""
+    """``T``, the within-group and the between-group mean distances for label sets ``labels`` ``[perm, head]``.
+
+    Only pairs of distinct heads of one layer with a distance count. The within-group sum of a label set is
+    ``sum_g (L^T D L)_gg`` with ``L`` ``[head, group]`` its one-hot labels and ``D`` the counted distances, one
+    product ``[perm, group, head] x [head, head]`` for every label set at once (the ``[perm, head, head]`` masks
+    of a direct sum are never formed); the between-group sum is the rest of the total, and the counts likewise.
+    """
     n = dist.shape[0]
     same_layer = (layer[:, None] == layer[None]) & ~torch.eye(n, dtype=torch.bool, device=dist.device)
     ok = same_layer & ~torch.isnan(dist)
-    d = torch.nan_to_num(dist)
-    same = labels[:, :, None] == labels[:, None, :]  # [perm, head, head]
-    w, b = (same & ok).to(d.dtype), (~same & ok).to(d.dtype)
-    within = (w * d).sum((1, 2)) / w.sum((1, 2))
-    between = (b * d).sum((1, 2)) / b.sum((1, 2))
+    d = torch.where(ok, dist, torch.zeros_like(dist))  # [head, head] the counted distances
+    _, code = torch.unique(labels, return_inverse=True)  # [perm, head] group index of each label
+    onehot = torch.nn.functional.one_hot(code, int(code.max()) + 1).to(dist.dtype).transpose(1, 2)  # [perm, group, head]
+    sums = torch.stack([((onehot @ x) * onehot).sum((1, 2)) for x in (d, ok.to(dist.dtype))])  # [2, perm]
+    within = sums[0] / sums[1]
+    between = (d.sum() - sums[0]) / (ok.sum().to(dist.dtype) - sums[1])
     return within - between, within, between
 
 
@@ -100,3 +107,88 @@ def cross_profiles(capture: xr.Dataset, options=None, **overrides) -> xr.DataArr
         slot_kv[heads, :len(groups)] = groups
     return xr.DataArray(out, dims=("head", "kv_slot", "query_bucket"),
                         coords={"query_bucket": lay.buckets, "kv_head_of_slot": (("head", "kv_slot"), slot_kv)})
+
+
+def cross_profiles_of_cuts(capture: xr.Dataset, cuts, options=None, pairs=None, **overrides) -> xr.DataArray:
+    """:func:`cross_profiles` of many cuts of one capture at once: ``[cut, head, kv_slot, query_bucket]``.
+
+    Parameters
+    ----------
+    cuts : sequence of boolean masks ``[sample]`` or of sample indices
+        Cut ``c`` is analysed as ``cross_profiles(capture.isel(sample=np.flatnonzero(cuts[c])))`` would analyse it:
+        its own key pairs, drawn on the cut (or ``pairs[c]``), its own Householder basis and query model per query
+        head.
+
+    Batched over a leading axis twice (:mod:`qkplast.analysis.cuts`): each (cut, query head) is one unit of the
+    queries' basis and model, and each (cut, head holding a key head's keys) one group whose pair differences every
+    query head of the layer is scored against at once (:func:`qkplast.analysis.cuts.shared_key_profiles`). A head's
+    own slot uses its own keys, as :func:`cross_profiles` does; the heads of a group share one set of keys in a
+    capture, and where their keys are bit for bit the representative's they share its group. Options the batched
+    kernels do not reproduce (:func:`qkplast.analysis.cuts.supports`) are analysed cut by cut.
+    """
+    from qkplast.analysis.cuts import (cut_plan, gather_rows, keeps_of, map_units, padded_source, rotated_models,
+                                       shared_key_profiles, supports, unit_clouds)
+    from qkplast.options import AnalysisOptions
+    from qkplast.tensors import SCRATCH_CPU_MB, auto_chunk
+
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
+    keeps = keeps_of(capture, cuts)
+    n_cut, n_head = keeps.shape[0], capture.sizes["head"]
+    layer, kv = capture["layer"].values, capture["kv_head"].values
+    n_slot = max(len(np.unique(kv[layer == ly])) for ly in np.unique(layer))
+    slot_kv = np.full((n_head, n_slot), -1, dtype=np.int64)
+    k_all = capture["k"].values
+    groups = []  # (head whose keys are read, slot, [query heads scored against them]), as cross_profiles pairs them
+    for ly in np.unique(layer):
+        heads = np.flatnonzero(layer == ly)
+        for j, g in enumerate(np.unique(kv[heads])):
+            rep = heads[kv[heads] == g][0]  # a captured head of the key head holds its keys
+            own = [h for h in heads[kv[heads] == g] if h != rep and not np.array_equal(k_all[h], k_all[rep])]
+            groups.append((rep, j, [h for h in heads if h not in own]))
+            groups += [(h, j, [h]) for h in own]  # a head whose keys differ from its group's reads its own
+        slot_kv[heads, :len(np.unique(kv[heads]))] = np.unique(kv[heads])
+    coords = {"kv_head_of_slot": (("head", "kv_slot"), slot_kv)}
+    pairs = [None] * n_cut if pairs is None else list(pairs)
+    if not supports(opt):
+        out = np.stack([cross_profiles(capture.isel(sample=np.flatnonzero(keep)), opt).values for keep in keeps])
+        return xr.DataArray(out, dims=("cut", "head", "kv_slot", "query_bucket"),
+                            coords={"query_bucket": np.arange(out.shape[-1]), **coords})
+    dev = resolve_device(opt.device)
+    plan = cut_plan(capture, keeps, opt, dev, pairs)
+    if not len(plan.pair_buckets):  # no bucket of any cut has a weighted pair: every profile is NaN
+        return xr.DataArray(np.full((n_cut, n_head, n_slot, plan.n_bucket), np.nan), dims=("cut", "head", "kv_slot",
+                            "query_bucket"), coords={"query_bucket": np.arange(plan.n_bucket), **coords})
+    q, k = (padded_source(capture[name].values, dev) for name in ("q", "k"))  # [head, sample + 1, dim]
+    per_unit = 8 * plan.samples.shape[1] * capture.sizes["dim"] * 5  # the queries' float64 copies
+
+    def query_chunk(sl: slice) -> tuple:  # the basis and model of query units (cut, head)
+        unit = torch.arange(sl.start, sl.stop, device=dev)
+        cut = unit // n_head
+        clouds = unit_clouds(gather_rows(q, plan, cut, unit % n_head, "cut_q"), None, plan, cut, centred_keys=False)
+        return rotated_models(clouds, plan)
+
+    parts = map_units(query_chunk, n_cut * n_head, opt.head_chunk or auto_chunk(per_unit, dev, SCRATCH_CPU_MB), dev)
+    models = tuple(torch.cat(x) for x in zip(*parts))  # rows: unit = cut * n_head + head
+    n_member = max(len(m) for _, _, m in groups)
+    key_head = torch.as_tensor([r for r, _, _ in groups], device=dev)
+    member_head = np.zeros((len(groups), n_member), dtype=np.int64)
+    present = np.zeros((len(groups), n_member), dtype=bool)
+    for i, (_, _, m) in enumerate(groups):
+        member_head[i, :len(m)], present[i, :len(m)] = m, True
+    member_head, present = torch.as_tensor(member_head, device=dev), torch.as_tensor(present, device=dev)
+
+    def group_chunk(sl: slice) -> torch.Tensor:  # groups (cut, key source) in cut-major order
+        index = torch.arange(sl.start, sl.stop, device=dev)
+        cut, g = index // len(groups), index % len(groups)
+        return shared_key_profiles(k, plan, cut, key_head[g], models, cut[:, None] * n_head + member_head[g],
+                                   present[g])  # [group, pair_bucket, member]
+
+    per_group = 8 * plan.pi[0].numel() * (capture.sizes["dim"] * 2 + 8 * n_member)
+    prof = to_numpy(torch.cat(map_units(group_chunk, n_cut * len(groups),
+                                        auto_chunk(per_group, dev, SCRATCH_CPU_MB), dev)))
+    prof = prof.reshape(n_cut, len(groups), len(plan.pair_buckets), n_member)
+    out = np.full((n_cut, n_head, n_slot, plan.n_bucket), np.nan)
+    for i, (_, j, m) in enumerate(groups):  # buckets without a weighted pair stay NaN
+        out[:, np.asarray(m)[:, None], j, plan.pair_buckets[None, :]] = np.moveaxis(prof[:, i, :, :len(m)], -1, 1)
+    return xr.DataArray(out, dims=("cut", "head", "kv_slot", "query_bucket"),
+                        coords={"query_bucket": np.arange(plan.n_bucket), **coords})

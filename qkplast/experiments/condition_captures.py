@@ -334,6 +334,14 @@ def cut_at_seed(all_positions: xr.Dataset, seed: int, attrs: dict) -> xr.Dataset
     ``attrs`` are the cut's attributes (its ``seq_len``, ``bucket_size`` and ``samples_per_bucket`` say
     which positions a capture keeps; ``seed`` is set to ``seed``). See :func:`reseeded_captures`.
     """
+    cut = all_positions.isel(sample=np.flatnonzero(seed_keep(all_positions, seed, attrs)))
+    cut.attrs = dict(attrs, seed=seed)
+    return cut
+
+
+def seed_keep(all_positions: xr.Dataset, seed: int, attrs: dict) -> np.ndarray:
+    """The samples ``[sample]`` (booleans) of the capture at every position that position seed ``seed`` keeps, for
+    a capture with ``attrs``' ``seq_len``, ``bucket_size`` and ``samples_per_bucket`` (:func:`cut_at_seed`)."""
     from qkplast.capture.sampling import sample_positions
 
     seq_len, bucket = int(attrs["seq_len"]), int(attrs["bucket_size"])
@@ -343,24 +351,52 @@ def cut_at_seed(all_positions: xr.Dataset, seed: int, attrs: dict) -> xr.Dataset
         chosen = sample_positions(seq_len, bucket, doc_id=str(d), seed=seed,
                                   samples_per_bucket=float(attrs["samples_per_bucket"]), min_per_bucket=0)
         keep |= (doc == d) & np.isin(pos, chosen)
-    cut = all_positions.isel(sample=np.flatnonzero(keep))
-    cut.attrs = dict(attrs, seed=seed)
-    return cut
+    return keep
+
+
+#: Version of the reseeded null :func:`reseed_null` keeps (``store``): bump it when its values change.
+RESEED_SCHEMA = 1
+#: the parts of qkplast the reseeded null is computed by (their code's digest is in the kept product's key)
+RESEED_CODE = ("analysis", "stats", "capture/sampling.py", "experiments/condition_captures.py", "tensors.py",
+               "options.py")
 
 
 def reseed_null(all_positions: xr.Dataset, baseline: xr.Dataset, n: int, options: AnalysisOptions | None = None,
-                progress: bool = False) -> pd.DataFrame:
+                progress: bool = False, *, store=None) -> pd.DataFrame:
     """AP_drop's parts of ``n`` reseeded baselines minus the baseline's: the null of no intervention.
 
     Seeds ``baseline seed + 1 .. + n`` (:func:`reseeded_captures`); one row per seed, one column per quantity.
+    The reseeded baselines are cuts of ``all_positions`` (:func:`seed_keep`), each with its own key pairs drawn as a
+    capture of its own would draw them, analysed in one batch
+    (:func:`qkplast.analysis.decompose.model_level_terms_of_cuts`): the values of :func:`model_level_terms` on each
+    of :func:`reseeded_captures`' captures. ``store`` (``store(stem, key, compute)``,
+    :func:`qkplast.rundir.product_store`) keeps them under ``conditions/reseed-null``, keyed by the two captures'
+    content, ``n``, the options and the code, and reads them back. ``progress`` is kept for callers; the batch has
+    no per-seed steps to show.
     """
-    from qkplast.progress import progress_bar
-
-    from qkplast.analysis.decompose import model_level_terms
+    from qkplast.analysis.decompose import ModelLevelTerms, model_level_terms_of_cuts
+    from qkplast.provenance import content_digest, product_provenance
+    from qkplast.tensors import resolve_device
 
     opt = options or AnalysisOptions()
-    base = np.array(list(model_level_terms(baseline, opt).values()))
     seeds = int(baseline.attrs["seed"]) + 1 + np.arange(n)
-    rows = [np.array(list(model_level_terms(cap, opt).values())) - base
-            for cap in progress_bar(reseeded_captures(all_positions, baseline, seeds), total=n, desc="reseeded", enabled=progress)]
-    return pd.DataFrame(rows, columns=list(QUANTITIES), index=pd.Index(seeds, name="seed"))
+
+    def compute() -> xr.Dataset:
+        base = ModelLevelTerms(opt)(baseline)  # [quantity]
+        keeps = np.stack([seed_keep(all_positions, int(s), baseline.attrs) for s in seeds])  # [seed, sample]
+        source = all_positions.copy()  # the cuts' buckets and window are the baseline's (shallow: no data copied)
+        source.attrs = dict(baseline.attrs)
+        values = model_level_terms_of_cuts(source, keeps, opt)  # [seed, quantity]
+        return xr.Dataset({"difference": (("seed", "quantity"), values - base)},
+                          coords={"seed": seeds, "quantity": list(QUANTITIES)})
+
+    if store is None:
+        kept = compute()
+    else:
+        key = {"schema": RESEED_SCHEMA, "product": "reseeded null of the AP_drop parts", "n": int(n),
+               "options": opt.result_key(), "all_positions": content_digest(all_positions),
+               "baseline": content_digest(baseline),
+               "sampling": {a: str(baseline.attrs[a]) for a in ("seq_len", "bucket_size", "samples_per_bucket", "seed")},
+               "provenance": product_provenance(*RESEED_CODE, device=str(resolve_device(opt.device)))}
+        kept = store("conditions/reseed-null", key, compute)
+    return pd.DataFrame(kept["difference"].values, columns=list(QUANTITIES), index=pd.Index(seeds, name="seed"))

@@ -144,8 +144,12 @@ def _interval_words(name: str) -> str:
     return INTERVAL_NAMES.get(name, name)
 
 
+#: Version of the left-out values :func:`listwise_document_intervals` keeps (``store``): bump it when they change.
+LISTWISE_SCHEMA = 1
+
+
 def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, options=None, level: float = 0.95,
-                                n_perm: int = 2000, seed: int = 0) -> pd.DataFrame:
+                                n_perm: int = 2000, seed: int = 0, *, store=None) -> pd.DataFrame:
     """Listwise means and the pairwise-listwise correlation with intervals over documents, inside their ranges.
 
     Documents are the unit: heads share documents and queries, so an interval over heads is not one over the
@@ -154,7 +158,9 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
     bias-corrected jackknife-t, is built from those values (:func:`qkplast.stats.intervals.policy_interval`) on the
     logit scale for the means (in [0, 1]) and on Fisher's ``z = atanh(rho)`` for the correlations, mapped back:
     no end leaves the range. Where a value sits on a bound the interval is undefined (NaN, ``reason`` says why).
-    The correlation also gets a two-sided permutation p-value of no association across heads.
+    The correlation also gets a two-sided permutation p-value of no association across heads. ``store``
+    (:func:`qkplast.rundir.product_store`) keeps the left-out captures' values in the run directory
+    (``listwise-jackknife``, keyed by the capture's content, the options and the code) and reads them back.
 
     Returns
     -------
@@ -173,18 +179,37 @@ def listwise_document_intervals(capture: xr.Dataset, metrics: xr.Dataset, option
         None, **{k: v for k, v in metrics.attrs.get("options", {}).items() if k in AnalysisOptions.__dataclass_fields__})
     docs = np.unique(capture.doc.values)
     full = listwise_means(metrics)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlasticityWarning)
-        without = lambda left: listwise_means(listwise(capture.isel(  # noqa: E731
-            sample=np.flatnonzero(~np.isin(capture.doc.values, left))), opt))
-        jack = [without([d]) for d in docs]
-        jack2 = [without(docs[list(p)]) for p in leave_two_out(len(docs))] if needs_leave_two_out(len(docs)) else None
     keys = list(full)
+    values = lambda js: np.array([[j.get(k, np.nan) for k in keys] for j in js])  # noqa: E731  [replicate, key]
+    two = needs_leave_two_out(len(docs))
+
+    def left_out() -> xr.Dataset:  # each left-out capture re-analysed whole (its own pairs and sets, as alone)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlasticityWarning)
+            without = lambda left: listwise_means(listwise(capture.isel(  # noqa: E731
+                sample=np.flatnonzero(~np.isin(capture.doc.values, left))), opt))
+            jack = values([without([d]) for d in docs])
+            jack2 = values([without(docs[list(p)]) for p in leave_two_out(len(docs))]) if two else None
+        out = xr.Dataset({"jackknife": (("document", "key"), jack)},
+                         coords={"key": [f"{m}:{name}" for m, name in keys], "document": docs.astype(str)})
+        return out.assign(jackknife2=(("document_pair", "key"), jack2)) if two else out
+
+    if store is None:
+        kept = left_out()
+    else:
+        from qkplast.provenance import content_digest, product_provenance
+        from qkplast.tensors import resolve_device
+
+        kept = store("listwise-jackknife", {
+            "schema": LISTWISE_SCHEMA, "statistic": "listwise_means of listwise, documents left out",
+            "keys": [f"{m}:{name}" for m, name in keys], "options": opt.result_key(), "capture": content_digest(capture),
+            "leave_two_out": bool(two),
+            "provenance": product_provenance("analysis", "stats", "results/extra_metrics.py", "tensors.py", "options.py",
+                                             device=str(resolve_device(opt.device)))}, left_out)
     is_rho = np.array([k[1] == "rho" for k in keys])
     bounds = (np.where(is_rho, -1.0, 0.0), np.ones(len(keys)))  # correlations in [-1, 1], means in [0, 1]
-    values = lambda js: np.array([[j.get(k, np.nan) for k in keys] for j in js])  # noqa: E731
-    ci = policy_interval(np.array([full[k] for k in keys]), values(jack), values(jack2) if jack2 is not None else None,
-                         level, bounds=bounds, unit="documents")
+    ci = policy_interval(np.array([full[k] for k in keys]), kept["jackknife"].values,
+                         kept["jackknife2"].values if two else None, level, bounds=bounds, unit="documents")
     at = {k: i for i, k in enumerate(keys)}
     rows = []
     for m in (int(m) for m in metrics.set_size.values):
@@ -242,8 +267,44 @@ def nearest_mass_intervals(metrics: xr.Dataset, level: float = 0.95) -> pd.DataF
     return out
 
 
+class KeyNullContrast:
+    """The statistic of :func:`gqa_reading`'s interval: ``T`` and the contrast ``T - mean(keys-kept null)`` of a
+    capture ``[2]``, from its closed-form cross profiles (:func:`qkplast.analysis.gqa.cross_profiles`) and the same
+    ``n_perm`` permutations (``seed``) of the null (:func:`qkplast.stats.permutation_tests.gqa_key_null`).
+
+    ``of_cuts(capture, keeps, pairs)`` gives ``[cut, 2]`` for many cuts of one capture at once (the cross profiles in
+    one batch, :func:`qkplast.analysis.gqa.cross_profiles_of_cuts`), as :func:`qkplast.stats.bootstrap.document_interval`
+    asks for the left-out captures; each cut draws its own key pairs, as the capture alone would.
+    """
+
+    def __init__(self, metrics: xr.Dataset, options, n_perm: int, seed: int):
+        self.metrics, self.options, self.n_perm, self.seed = metrics, options, n_perm, seed
+
+    def key_null(self, cross: xr.DataArray) -> xr.Dataset:
+        from qkplast.stats.permutation_tests import gqa_key_null
+
+        return gqa_key_null(self.metrics, cross, n_perm=self.n_perm, seed=self.seed)
+
+    @staticmethod
+    def t_and_contrast(keys: xr.Dataset) -> np.ndarray:
+        return np.array([float(keys.statistic), float(keys.statistic) - float(keys.null_mean)])  # [T, contrast]
+
+    def __call__(self, capture: xr.Dataset) -> np.ndarray:
+        return self.of_cuts(capture, [np.ones(capture.sizes["sample"], dtype=bool)])[0]
+
+    def of_cuts(self, capture: xr.Dataset, keeps, pairs=None) -> np.ndarray:
+        from qkplast.analysis.gqa import cross_profiles_of_cuts
+
+        cross = cross_profiles_of_cuts(capture, keeps, self.options, pairs)  # [cut, head, kv_slot, query_bucket]
+        return np.stack([self.t_and_contrast(self.key_null(cross.isel(cut=c))) for c in range(cross.sizes["cut"])])
+
+
+#: Version of the products :func:`gqa_reading` keeps (``store``): bump it when they change.
+GQA_SCHEMA = 1
+
+
 def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: int = 2000, seed: int = 0,
-                level: float = 0.95) -> pd.DataFrame:
+                level: float = 0.95, *, store=None) -> pd.DataFrame:
     """The GQA statistic ``T`` against the null that keeps every head's keys, as the page decides it.
 
     ``T`` (:mod:`qkplast.analysis.gqa`) is compared with the distribution of the keys-kept null
@@ -257,6 +318,10 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
     among the null's draws; ``key null lo`` / ``key null hi`` are its central ``level`` range. The
     label-permutation null (which counts the shared keys as coordination) is reported beside it.
 
+    The left-out captures' cross profiles are computed in one batch (:class:`KeyNullContrast`); ``store``
+    (:func:`qkplast.rundir.product_store`) keeps the whole capture's keys-kept null (``gqa-key-null``) and the
+    left-out values (``gqa-jackknife``) in the run directory and reads them back.
+
     Returns
     -------
     pandas.DataFrame
@@ -265,23 +330,29 @@ def gqa_reading(capture: xr.Dataset, metrics: xr.Dataset, options=None, n_perm: 
         ``contrast``, ``contrast lo``, ``contrast hi``, ``p (keys kept)``; ``attrs["key_null"]`` holds the
         null's draws, ``attrs["jackknife"]`` the left-out captures' ``(T, contrast)``.
     """
-    from qkplast.analysis.gqa import cross_profiles
-    from qkplast.stats.permutation_tests import gqa_key_null, gqa_similarity
+    from qkplast.analysis.gqa import cross_profiles_of_cuts
+    from qkplast.stats.permutation_tests import gqa_similarity
     from qkplast.options import AnalysisOptions
+    from qkplast.provenance import content_digest, product_provenance
     from qkplast.stats.bootstrap import document_interval
+    from qkplast.tensors import resolve_device
 
     opt = AnalysisOptions.from_kwargs(options)
     labels = gqa_similarity(metrics, "ap", n_perm=n_perm, seed=seed)
-
-    def t_and_contrast(keys: xr.Dataset) -> np.ndarray:
-        return np.array([float(keys.statistic), float(keys.statistic) - float(keys.null_mean)])  # [T, contrast]
-
-    def statistic(cap):  # a left-out capture's T and its own keys-kept null mean, from the same permutations
-        return t_and_contrast(gqa_key_null(metrics, cross_profiles(cap, opt), n_perm=n_perm, seed=seed))
-
-    keys = gqa_key_null(metrics, cross_profiles(capture, opt), n_perm=n_perm, seed=seed)
-    est = t_and_contrast(keys)  # [2]
-    ci = document_interval(capture, statistic, level, estimate=est)
+    stat = KeyNullContrast(metrics, opt, n_perm, seed)
+    whole = np.ones(capture.sizes["sample"], dtype=bool)
+    keys = stat.key_null(cross_profiles_of_cuts(capture, [whole], opt).isel(cut=0)) if store is None else None
+    if store is not None:
+        key = {"schema": GQA_SCHEMA, "statistic": "gqa_key_null of the closed-form cross profiles",
+               "options": opt.result_key(), "n_perm": int(n_perm), "seed": int(seed),
+               "groups": content_digest(metrics, ("layer", "kv_head"), ()),
+               "provenance": product_provenance("analysis", "stats", "results/extra_metrics.py", "tensors.py",
+                                                "options.py", device=str(resolve_device(opt.device)))}
+        keys = store("gqa-key-null", {**key, "capture": content_digest(capture)},
+                     lambda: stat.key_null(cross_profiles_of_cuts(capture, [whole], opt).isel(cut=0)))
+    est = stat.t_and_contrast(keys)  # [2]
+    ci = document_interval(capture, stat, level, estimate=est, store=store, stem="gqa-jackknife",
+                           key=key if store is not None else None)
     null = np.asarray(keys.null)
     q_lo, q_hi = (float(np.quantile(null, q)) for q in ((1 - level) / 2, (1 + level) / 2))
     lo, hi = np.asarray(ci["lo"], float), np.asarray(ci["hi"], float)  # [2]

@@ -276,19 +276,27 @@ def thesis_lc_positions() -> pd.DataFrame:
 # --------------------------------------------------------------------------- tables of inference made in qkplast.stats
 
 
-def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, level: float = 0.95) -> pd.DataFrame:
+def decomposition_table(capture: xr.Dataset, metrics: xr.Dataset, options=None, level: float = 0.95, *,
+                        store=None) -> pd.DataFrame:
     """AP_drop and its four parts (:mod:`qkplast.analysis.decompose`): means over heads with the policy's interval
     over documents (:func:`qkplast.stats.bootstrap.document_interval`: jackknife-t, each document left out and the
     capture re-analysed, on the scale of each part's range, :data:`qkplast.stats.bootstrap.RANGES`, so it never
     leaves it: the interval the coverage table measures as ``policy (re-analysed)``), and the share of heads with a
-    positive value."""
-    from qkplast.analysis.decompose import TERMS, model_level_terms
+    positive value. The left-out captures are analysed in one batch
+    (:class:`qkplast.analysis.decompose.ModelLevelTerms`); ``store`` (:func:`qkplast.rundir.product_store`) keeps
+    their values in the run directory (``decomposition-jackknife``) and reads them back."""
+    from qkplast.analysis.decompose import TERMS, ModelLevelTerms
+    from qkplast.provenance import product_provenance
     from qkplast.stats.bootstrap import document_interval, metric_bounds
+    from qkplast.tensors import resolve_device
 
     names = ["ap_drop", *TERMS]
     opt = options or AnalysisOptions()
-    ci = document_interval(capture, lambda c, pairs=None: [model_level_terms(c, opt, pairs=pairs)[n] for n in names],
-                           level, pairs_of=opt, bounds=metric_bounds(names), quantity=names)
+    key = {"statistic": "model_level_terms", "quantities": names, "options": opt.result_key(),
+           "provenance": product_provenance("analysis", "stats", "tensors.py", "options.py",
+                                            device=str(resolve_device(opt.device)))}
+    ci = document_interval(capture, ModelLevelTerms(opt, names), level, pairs_of=opt, bounds=metric_bounds(names),
+                           quantity=names, store=store, stem="decomposition-jackknife", key=key)
     out = pd.DataFrame({"mean over heads": ci["point"], "bias-corrected": ci["estimate"], f"{int(100 * level)}% lo": ci["lo"],
                         f"{int(100 * level)}% hi": ci["hi"],
                         "share of heads > 0": [float((metrics[n] > 0).mean()) for n in names]}, index=names)

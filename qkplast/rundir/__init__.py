@@ -12,7 +12,7 @@ from qkplast.rundir.study_file import STAGES, RunSpec, Study, StudyError, load_s
 #: Names of the submodules that import xarray, by the submodule that defines them.
 _LAZY = {"products": ["Run", "RunError", "cached", "chapter_run", "checkpoint_dir", "checkpoint_metrics",
                       "load_or_analyze", "load_or_bootstrap", "load_or_capture", "load_run", "open_metrics",
-                      "run_settings"],
+                      "product_store", "run_settings"],
          "derived": ["load_or_basis_dependence", "load_or_null", "load_or_pair_bounds", "load_or_plasticity",
                      "load_or_pooling_table", "load_or_slope_nulls"]}
 

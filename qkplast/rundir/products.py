@@ -34,7 +34,7 @@ from pathlib import Path
 import xarray as xr
 
 from qkplast.errors import QkplastError
-from qkplast.capture_format import open_capture, open_dataset, save_dataset
+from qkplast.capture_format import open_capture, open_dataset, read_attrs, save_dataset
 from qkplast.options import (CAPTURE_EXECUTION_OPTIONS, AnalysisOptions, CaptureOptions, UnknownOptionError,
                              parse_rope_scaling, typed_option)
 from qkplast.rundir.study_file import STAGES
@@ -259,6 +259,14 @@ def _key_text(key: dict) -> str:
 _CODE_ENTRIES = ("schema", "provenance")
 
 
+def _stored_key(path: Path) -> str | None:
+    """The key a product file was made with, from its header (the data is read only when the key matches)."""
+    attrs = read_attrs(path)
+    if attrs is None:  # not a dataset of qkplast's, or damaged: open_dataset says which, as before
+        attrs = open_dataset(path).attrs
+    return attrs.get("cache_key")
+
+
 def _same_but_code(stored: str | None, key: dict) -> bool:
     """Whether a stored key is the same setting made by other code (another schema or provenance, or code before
     cache keys existed): such a file is recomputed in place, not kept beside the new one."""
@@ -309,7 +317,8 @@ def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
     and never overwrites it. ``key`` should hold a ``schema`` entry, the version of the output of the code
     that computes the product, and may hold a ``provenance`` entry (:func:`qkplast.provenance.product_provenance`):
     a file made with the same setting by other code (another schema or provenance, or no key at all) is
-    recomputed in place, never reused stale. A file is opened once: the key is read from the dataset returned.
+    recomputed in place, never reused stale. A file's key is read from its header, and its data only when the key
+    matches (through :func:`_read`, once per process while the file is unchanged).
 
     Parameters
     ----------
@@ -330,15 +339,31 @@ def cached(run_dir, stem: str, key: dict, compute) -> xr.Dataset:
     stored = {}
     for path in (main, other):
         if path.exists():
-            ds = _read(path)
-            if ds.attrs.get("cache_key") == text:
-                return ds
-            stored[path] = ds.attrs.get("cache_key")
+            stored[path] = _stored_key(path)
+            if stored[path] == text:
+                return _read(path)
     target = main if not main.exists() or _same_but_code(stored.get(main), key) else other
     ds = compute()
     ds.attrs["cache_key"] = text
     save_dataset(ds, target, overwrite=True)
     return ds
+
+
+def product_store(run_dir):
+    """:func:`cached` bound to a run directory: ``store(stem, key, compute) -> xarray.Dataset``.
+
+    The functions below the run directory's layer (:mod:`qkplast.stats`, :mod:`qkplast.analysis`) cannot import
+    it; they take a ``store`` argument instead, and a notebook passes this one, so their products are kept in the
+    run directory and read back. A ``stem`` may name a sub-folder (``"conditions/reseed-null"``), created when
+    missing.
+    """
+    run_dir = Path(run_dir)
+
+    def store(stem: str, key: dict, compute) -> xr.Dataset:
+        path = run_dir / stem
+        return cached(path.parent, path.name, key, compute)
+
+    return store
 
 
 def _analysis_key(options: AnalysisOptions) -> dict:

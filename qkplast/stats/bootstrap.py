@@ -35,7 +35,11 @@ with ``reason``, where the data cannot give one).
 policy interval for any model-level statistic of a capture (the AP_drop
 parts of :mod:`qkplast.analysis.decompose` among them) by re-analysing the
 capture with each document left out (and each pair of documents, where
-the policy needs it: :func:`document_jackknife2`).
+the policy needs it: :func:`document_jackknife2`). A statistic with an
+``of_cuts`` method analyses all those left-out captures in one batch
+(:func:`documents_left_out`, :mod:`qkplast.analysis.cuts`), and
+:func:`document_replicates` keeps their values in a run directory through a
+``store`` (:func:`qkplast.rundir.product_store`).
 """
 
 from __future__ import annotations
@@ -312,12 +316,13 @@ def document_jackknife(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions
     the key pairs are drawn once, on the whole capture, and each left-out capture keeps its share of them
     (:func:`qkplast.analysis.pairs.pairs_without`): ``statistic(capture, pairs=...)`` is then called, and
     the leave-one-out values do not carry a fresh draw of pairs each (which a bias correction, multiplying
-    their deviations by ``n - 1``, would amplify).
+    their deviations by ``n - 1``, would amplify). A statistic with an ``of_cuts`` method analyses every
+    left-out capture in one batched call (:func:`documents_left_out`).
     """
     docs = documents_of(capture)
     if len(docs) < 2:
         raise ValueError(f"a jackknife over documents needs at least two documents, the capture has {len(docs)}")
-    return _documents_left_out(capture, statistic, pairs_of, [[d] for d in docs])
+    return documents_left_out(capture, statistic, pairs_of, [[d] for d in docs])
 
 
 def document_jackknife2(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions | None = None) -> np.ndarray:
@@ -327,33 +332,118 @@ def document_jackknife2(capture: xr.Dataset, statistic, pairs_of: AnalysisOption
     docs = documents_of(capture)
     if len(docs) < 3:
         raise ValueError(f"a leave-two-out jackknife needs at least three documents, the capture has {len(docs)}")
-    return _documents_left_out(capture, statistic, pairs_of, [docs[list(p)] for p in leave_two_out(len(docs))])
+    return documents_left_out(capture, statistic, pairs_of, [docs[list(p)] for p in leave_two_out(len(docs))])
 
 
-def _documents_left_out(capture: xr.Dataset, statistic, pairs_of, groups) -> np.ndarray:
-    """``statistic`` of the capture without each group of documents, key pairs drawn once when ``pairs_of``."""
+def document_jackknives(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions | None = None,
+                        two: bool | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`document_jackknife` and, where the policy needs them (``two``; default
+    :func:`qkplast.stats.intervals.needs_leave_two_out`), :func:`document_jackknife2`'s values, from one call of
+    :func:`documents_left_out` over every left-out capture (one batch for a statistic with ``of_cuts``)."""
+    docs = documents_of(capture)
+    if len(docs) < 2:
+        raise ValueError(f"a jackknife over documents needs at least two documents, the capture has {len(docs)}")
+    two = needs_leave_two_out(len(docs)) if two is None else two
+    if two and len(docs) < 3:
+        raise ValueError(f"a leave-two-out jackknife needs at least three documents, the capture has {len(docs)}")
+    groups = [[d] for d in docs] + ([docs[list(p)] for p in leave_two_out(len(docs))] if two else [])
+    values = documents_left_out(capture, statistic, pairs_of, groups)
+    return values[:len(docs)], values[len(docs):] if two else None
+
+
+def documents_left_out(capture: xr.Dataset, statistic, pairs_of, groups) -> np.ndarray:
+    """``statistic`` of the capture without each group of documents ``[group, ...]``, key pairs drawn once when
+    ``pairs_of``.
+
+    A statistic with an ``of_cuts`` method (``statistic.of_cuts(capture, keeps, pairs) -> [cut, ...]``, with
+    ``keeps`` the boolean sample masks ``[cut, sample]`` of the left-out captures and ``pairs`` their shares of the
+    whole capture's pairs, or None) analyses all of them in one batched call
+    (:class:`qkplast.analysis.decompose.ModelLevelTerms`, :mod:`qkplast.analysis.cuts`); any other is called on
+    each left-out capture in turn.
+    """
     from qkplast.analysis.pairs import pairs_without, sample_key_pairs
 
     full = sample_key_pairs(capture, pairs_of) if pairs_of is not None else None
+    keeps = np.stack([~np.isin(capture.doc.values, group) for group in groups])  # [group, sample]
+    pairs = None if full is None else [pairs_without(full, keep) for keep in keeps]
+    of_cuts = getattr(statistic, "of_cuts", None)
+    if of_cuts is not None:
+        return np.asarray(of_cuts(capture, keeps, pairs), float)
     out = []
-    for group in groups:
-        keep = ~np.isin(capture.doc.values, group)
+    for g, keep in enumerate(keeps):
         sub = capture.isel(sample=np.flatnonzero(keep))
-        value = statistic(sub) if full is None else statistic(sub, pairs=pairs_without(full, keep))
+        value = statistic(sub) if full is None else statistic(sub, pairs=pairs[g])
         out.append(np.asarray(value, float))
     return np.stack(out)
 
 
+#: Version of the jackknife values :func:`document_replicates` keeps (``store``): bump it when their layout or
+#: computation changes.
+REPLICATES_SCHEMA = 1
+
+
+def document_replicates(capture: xr.Dataset, statistic, pairs_of: AnalysisOptions | None = None, estimate=None, *,
+                        store=None, stem: str | None = None, key: dict | None = None) -> dict:
+    """``statistic`` of the whole capture and of the captures with each document (below 8 documents also each pair
+    of documents) left out: what :func:`document_interval` builds the policy's interval from.
+
+    Parameters
+    ----------
+    estimate : array_like, optional
+        The statistic of the whole capture, when the caller has it (else computed).
+    store : callable, optional
+        ``store(stem, key, compute) -> xarray.Dataset`` (:func:`qkplast.rundir.product_store`): the values are kept
+        under ``stem`` and read back while the key matches. ``key`` must name the statistic and everything it
+        depends on besides the capture (its settings, ``qkplast.provenance.product_provenance`` of its code); the
+        capture's content (:func:`qkplast.provenance.content_digest`), ``pairs_of``, the schema and the documents
+        left out are added here.
+
+    Returns
+    -------
+    dict
+        ``point`` (the whole capture's), ``jackknife`` ``[document, ...]`` and ``jackknife2`` ``[pair, ...]`` or None.
+    """
+    docs = documents_of(capture)
+    two = needs_leave_two_out(len(docs))
+
+    def compute() -> xr.Dataset:
+        point = np.asarray(statistic(capture) if estimate is None else estimate, float)
+        jack, jack2 = document_jackknives(capture, statistic, pairs_of, two)
+        flat = lambda x: x.reshape(len(x), -1)  # noqa: E731  [replicate, value]
+        out = xr.Dataset({"point": ("value", point.reshape(-1)), "jackknife": (("document", "value"), flat(jack))},
+                         coords={"document": docs.astype(str)}, attrs={"shape": list(point.shape)})
+        if two:
+            out["jackknife2"] = (("document_pair", "value"), flat(jack2))
+        return out
+
+    if store is None:
+        kept = compute()
+    else:
+        from qkplast.provenance import content_digest
+
+        full_key = {"schema": REPLICATES_SCHEMA, **(key or {}), "capture": content_digest(capture),
+                    "pairs_of": None if pairs_of is None else pairs_of.result_key(), "leave_two_out": bool(two),
+                    "estimate": None if estimate is None else np.asarray(estimate, float).reshape(-1).tolist()}
+        kept = store(stem, full_key, compute)
+    shape = tuple(int(n) for n in np.atleast_1d(kept.attrs.get("shape", [])))
+    unflat = lambda x: x.reshape(len(x), *shape)  # noqa: E731
+    return {"point": kept["point"].values.reshape(shape), "jackknife": unflat(kept["jackknife"].values),
+            "jackknife2": unflat(kept["jackknife2"].values) if two else None}
+
+
 def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estimate=None,
-                      pairs_of: AnalysisOptions | None = None, bounds=None, quantity=None) -> dict:
+                      pairs_of: AnalysisOptions | None = None, bounds=None, quantity=None, *, store=None,
+                      stem: str | None = None, key: dict | None = None) -> dict:
     """The policy's interval over documents for any model-level ``statistic`` of a capture, from the jackknife.
 
     The policy (:func:`qkplast.stats.intervals.interval_policy`) is the bias-corrected jackknife-t; each
     left-out capture is re-analysed whole, with the whole capture's key pairs when ``pairs_of`` (the
     analysis options) is given (:func:`document_jackknife`), and below 8 documents each capture without two
-    of them as well (:func:`document_jackknife2`), for the corrected estimate's own standard error. ``bounds``
+    of them as well (:func:`document_jackknife2`), for the corrected estimate's own standard error; a statistic
+    with an ``of_cuts`` method analyses all of them in one batch (:func:`documents_left_out`). ``bounds``
     (the statistic's range, :func:`qkplast.stats.intervals.policy_interval`) keeps the interval inside it;
     ``quantity`` (its name, or one per element) picks the policy by quantity (``interval`` then per element).
+    ``store``, ``stem`` and ``key`` keep the values and read them back (:func:`document_replicates`).
 
     Returns
     -------
@@ -362,11 +452,11 @@ def document_interval(capture: xr.Dataset, statistic, level: float = 0.95, estim
         bias-corrected estimate) plus ``point`` (the statistic on the whole capture), ``jackknife`` (the
         leave-one-out values), ``jackknife2`` (the leave-two-out values, or None) and ``interval`` (the method's name).
     """
-    est = np.asarray(statistic(capture) if estimate is None else estimate, float)
-    jack = document_jackknife(capture, statistic, pairs_of)
-    jack2 = document_jackknife2(capture, statistic, pairs_of) if needs_leave_two_out(len(jack)) else None
-    out = policy_interval(est, jack, jack2, level, bounds=bounds, unit="documents", quantity=quantity)
-    out.update(jackknife=jack, jackknife2=jack2, point=est)
+    values = document_replicates(capture, statistic, pairs_of, estimate, store=store, stem=stem, key=key)
+    est = values["point"]
+    out = policy_interval(est, values["jackknife"], values["jackknife2"], level, bounds=bounds, unit="documents",
+                          quantity=quantity)
+    out.update(jackknife=values["jackknife"], jackknife2=values["jackknife2"], point=est)
     return out
 
 

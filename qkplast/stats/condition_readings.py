@@ -18,21 +18,49 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from qkplast.analysis.decompose import TERMS, model_level_terms
+from qkplast.analysis.decompose import TERMS, ModelLevelTerms
 from qkplast.options import AnalysisOptions
-from qkplast.stats.bootstrap import INTERVAL_NAMES, document_jackknife, document_jackknife2
+from qkplast.provenance import product_provenance
+from qkplast.stats.bootstrap import INTERVAL_NAMES, document_replicates
 from qkplast.stats.decision import holm, verdict
 from qkplast.stats.intervals import needs_leave_two_out, policy_interval
+from qkplast.tensors import resolve_device
 
-__all__ = ["QUANTITIES", "condition_table", "read_conditions", "describe_conditions", "mechanism_reading",
+__all__ = ["QUANTITIES", "condition_replicates", "condition_table", "read_conditions", "describe_conditions", "mechanism_reading",
            "ROPE_LIKE", "SINK_LIKE"]
 
 #: The quantities of every condition's table: AP_drop and its four parts (:mod:`qkplast.analysis.decompose`).
 QUANTITIES = ("ap_drop",) + TERMS
+#: the parts of qkplast the jackknife values are computed by (their code's digest is in the kept product's key)
+REPLICATES_CODE = ("analysis", "stats", "tensors.py", "options.py")
+
+
+def condition_replicates(capture: xr.Dataset, options: AnalysisOptions | None = None, store=None,
+                         name: str = "condition") -> dict:
+    """AP_drop and its parts of one condition's capture, whole and with each document (below 8 documents also each
+    pair of documents) left out: the values :func:`condition_table` builds its intervals from.
+
+    The left-out captures keep their share of the whole capture's key pairs and are analysed in one batch
+    (:class:`qkplast.analysis.decompose.ModelLevelTerms`, :func:`qkplast.stats.bootstrap.document_replicates`).
+    ``store`` (``store(stem, key, compute)``, :func:`qkplast.rundir.product_store`) keeps them under
+    ``conditions/jackknife-<name>``, keyed by the capture's content (:func:`qkplast.provenance.content_digest`),
+    the options and the code (:func:`qkplast.provenance.product_provenance`), and reads them back.
+
+    Returns
+    -------
+    dict
+        ``point`` ``[quantity]``, ``jackknife`` ``[document, quantity]`` and ``jackknife2`` ``[document pair,
+        quantity]`` (:func:`qkplast.stats.intervals.leave_two_out` order) or None.
+    """
+    opt = options or AnalysisOptions()
+    key = {"statistic": "model_level_terms", "quantities": list(QUANTITIES), "options": opt.result_key(),
+           "provenance": product_provenance(*REPLICATES_CODE, device=str(resolve_device(opt.device)))}
+    return document_replicates(capture, ModelLevelTerms(opt), pairs_of=opt, store=store,
+                               stem=f"conditions/jackknife-{name}", key=key)
 
 
 def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | None = None, level: float = 0.95,
-                    progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    progress: bool = False, *, store=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """AP_drop and its four parts per condition, and each condition's paired difference to ``baseline``.
 
     Returns two long tables (condition, quantity, estimate, lo, hi): each condition's model-level means
@@ -52,13 +80,11 @@ def condition_table(captures: dict[str, xr.Dataset], options: AnalysisOptions | 
                          "by document")
     doc_ids = docs["baseline"]
     opt = options or AnalysisOptions()
-    values = lambda cap, pairs=None: np.array(list(model_level_terms(cap, opt, pairs=pairs).values()))  # noqa: E731
     two = needs_leave_two_out(len(doc_ids))
     est, jack, jack2 = {}, {}, {}
     for name, cap in progress_bar(captures.items(), desc="conditions", enabled=progress):
-        est[name] = values(cap)
-        jack[name] = document_jackknife(cap, values, pairs_of=opt)  # [doc, quantity], each keeping its share of pairs
-        jack2[name] = document_jackknife2(cap, values, pairs_of=opt) if two else None  # [doc pair, quantity]
+        kept = condition_replicates(cap, opt, store, name)  # each left-out capture keeping its share of pairs
+        est[name], jack[name], jack2[name] = kept["point"], kept["jackknife"], kept["jackknife2"]  # [(doc, )quantity]
     rows, diffs = [], []
     for name in captures:
         own = policy_interval(est[name], jack[name], jack2[name], level)

@@ -96,3 +96,15 @@ def test_open_rejects_foreign_file(tmp_path):
     xr.Dataset({"x": ("a", np.arange(3))}).to_netcdf(path, engine="h5netcdf")
     with pytest.raises(CaptureError, match="not written by qkplast"):
         qkplast.open_capture(path)
+
+
+def test_read_attrs_reads_a_files_attributes_without_its_data(tmp_path):
+    import xarray as xr
+
+    from qkplast.capture_format import open_dataset, read_attrs, save_dataset
+
+    ds = xr.Dataset({"x": ("a", np.arange(3.0))}, attrs={"cache_key": '{"schema": 1}', "nested": {"a": [1, 2]}})
+    path = save_dataset(ds, tmp_path / "p.nc")
+    assert read_attrs(path) == open_dataset(path).attrs == {"cache_key": '{"schema": 1}', "nested": {"a": [1, 2]}}
+    (tmp_path / "bad.nc").write_bytes(b"not netcdf")
+    assert read_attrs(tmp_path / "bad.nc") is None and read_attrs(tmp_path / "missing.nc") is None

@@ -80,6 +80,21 @@ def test_exact_ties_count_zero(problem):
     assert torch.equal(got, reference(rows, queries, idx, mask))
 
 
+def test_padding_pairs_keep_their_zero_signs_and_vanishing_pairs_are_still_recomputed(problem):
+    """Differences of exact zeros (padding pairs) score 0 in float32 and float64: they are not recomputed, and their
+    sums stay 0. A difference too small for float32 (it rounds to zeros there) is not such a pair: its float64 signs
+    are recomputed, beside near-ties elsewhere."""
+    rows, queries, idx, mask = problem
+    queries = near_ties(rows, queries, idx, mask, fraction=0.3)
+    rows = rows.clone()
+    rows[:, 0, 30:] = 0.0  # padding pairs of every head in bucket 0
+    rows[2, 1, 7] = 1e-300 * torch.arange(1.0, rows.shape[-1] + 1, dtype=torch.float64)  # float32: all zeros
+    want = reference(rows, queries, idx, mask)
+    got = sign_sums(rows, queries, idx, mask)
+    assert (got[:, 0, 30:] == 0).all() and got[2, 1, 7] != 0
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dim", [2, 64, 128, 1024])
 def test_the_bound_covers_the_worst_observed_float32_error(dim):
     gen = torch.Generator().manual_seed(dim)

@@ -4,6 +4,7 @@ null is exactly the captures other seeds take, the intervals are paired jackkniv
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import transformers as T
@@ -115,3 +116,45 @@ def test_condition_table_pairs_documents_and_reads_against_the_null():
     assert reading.loc["same", "p (null rank)"] == 1.0 and reading.loc["same", "verdict"] == "left open"
     assert set(reading.verdict) <= {"supported", "left open", "no effect"}
     assert (reading["p (Holm)"] >= reading["p (null rank)"]).all()
+
+
+def test_the_reseeded_null_is_each_reseeded_baselines_own_analysis():
+    """The batched null (the reseeded baselines as cuts of the capture at every position, each drawing its own
+    pairs) holds, seed by seed, model_level_terms of reseeded_captures' captures minus the baseline's."""
+    full, base, _ = _planted_conditions()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        null = reseed_null(full, base, 6)
+        ref = np.array(list(model_level_terms(base).values()))
+        own = np.array([list(model_level_terms(cap).values()) for cap in
+                        reseeded_captures(full, base, int(base.attrs["seed"]) + 1 + np.arange(6))]) - ref
+    assert list(null.index) == list(int(base.attrs["seed"]) + 1 + np.arange(6)) and list(null.columns) == list(QUANTITIES)
+    np.testing.assert_allclose(null.to_numpy(), own, rtol=1e-12, atol=1e-14)
+
+
+def test_the_null_and_the_jackknives_are_kept_and_read_back(tmp_path, monkeypatch):
+    """With a store the products are computed once and read back; another setting computes them again."""
+    import qkplast.analysis.decompose as decompose
+    from qkplast.rundir import product_store
+
+    full, base, conds = _planted_conditions()
+    calls = []
+    batched = decompose.model_level_terms_of_cuts
+    monkeypatch.setattr(decompose, "model_level_terms_of_cuts", lambda *a, **k: calls.append(1) or batched(*a, **k))
+    store = product_store(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        first = reseed_null(full, base, 5, store=store)
+        values, diffs = condition_table(conds, store=store)
+        made = len(calls)
+        again = reseed_null(full, base, 5, store=store)
+        values2, diffs2 = condition_table(conds, store=store)
+        assert len(calls) == made  # read back: nothing computed
+        other = reseed_null(full, base, 4, store=store)  # another setting: computed, kept beside the first
+    assert len(calls) > made and len(other) == 4
+    pd.testing.assert_frame_equal(first, again)
+    pd.testing.assert_frame_equal(values, values2) and pd.testing.assert_frame_equal(diffs, diffs2)
+    assert {p.name for p in (tmp_path / "conditions").glob("*.nc")} >= {
+        "reseed-null.nc", "jackknife-baseline.nc", "jackknife-same.nc", "jackknife-moved.nc"}
+    fresh_values, _ = condition_table(conds)
+    pd.testing.assert_frame_equal(values, fresh_values)  # what is read back is what is computed

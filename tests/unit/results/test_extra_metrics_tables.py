@@ -138,6 +138,40 @@ def test_gqa_reading_is_decided_against_the_keys_kept_null(coordinated, independ
     assert rows == {"coordinated": "supported", "independent": "left open"}, rows
 
 
+def test_the_chapters_products_are_kept_and_read_back(coordinated, tmp_path, monkeypatch):
+    """With a store the GQA reading, the listwise intervals and the decomposition table read their left-out values
+    back on a second call (the batched kernels and the listwise analysis are not called again) and equal the tables
+    computed without one."""
+    import qkplast.analysis.decompose as decompose
+    import qkplast.analysis.gqa as gqa
+    from qkplast.results.tables import decomposition_table
+    from qkplast.rundir import product_store
+
+    cap, metrics = coordinated
+    opt = AnalysisOptions(n_pairs=64, set_sizes=(2, 8))
+    store = product_store(tmp_path)
+    calls = []
+    for module, name in ((gqa, "cross_profiles_of_cuts"), (decompose, "model_level_terms_of_cuts"),
+                         (listwise_module, "listwise")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        tables = lambda **kw: (op.gqa_reading(cap, metrics, opt, n_perm=99, **kw),  # noqa: E731
+                               op.listwise_document_intervals(cap, metrics, opt, n_perm=19, **kw),
+                               decomposition_table(cap, metrics, opt, **kw))
+        first = tables(store=store)
+        made = len(calls)
+        again = tables(store=store)
+        assert len(calls) == made, "a second call reads every left-out value back"
+        plain = tables()
+    for a, b, c in zip(first, again, plain):
+        pd.testing.assert_frame_equal(a, b)
+        pd.testing.assert_frame_equal(a, c)
+    assert {p.name for p in tmp_path.glob("*.nc")} == {"gqa-key-null.nc", "gqa-jackknife.nc", "listwise-jackknife.nc",
+                                                       "decomposition-jackknife.nc"}
+
+
 # --------------------------------------------------------------------------- coverage at the chapter's 4 documents
 
 

@@ -155,3 +155,29 @@ def test_repeated_weight_rows_are_computed_once_and_equal_each_row_alone(cap):
     alone = np.stack([reweighted_statistics(cap, row[None], per_head=True)[0] for row in weights])
     np.testing.assert_allclose(both, alone, rtol=1e-12, atol=1e-15)
     assert not np.allclose(both[0], both[1], equal_nan=True)  # different rows differ: the mapping is not trivial
+
+
+def test_a_statistic_with_of_cuts_analyses_every_left_out_capture_in_one_batch_with_the_same_values():
+    """document_interval with the batched statistic (ModelLevelTerms: every left-out capture in one call) gives the
+    values of the same statistic called on each left-out capture, with its share of the whole capture's pairs."""
+    import warnings
+
+    from qkplast.analysis.decompose import ModelLevelTerms, model_level_terms
+    from qkplast.analysis.pairs import PlasticityWarning
+    from qkplast.stats.bootstrap import document_interval, document_jackknife, document_jackknife2
+
+    world, _ = planted_capture(n_heads=3, dim=8, seq_len=1024, bucket_size=64, n_docs=5, samples_per_bucket=6, seed=2,
+                               doc_effect=0.3, content_floor=0.4)
+    opt = AnalysisOptions(n_pairs=48)
+    stat = ModelLevelTerms(opt)
+    calls = []
+    one_by_one = lambda c, pairs=None: calls.append(1) or list(model_level_terms(c, opt, pairs=pairs).values())  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlasticityWarning)
+        batched = document_interval(world, stat, pairs_of=opt)
+        looped = document_interval(world, one_by_one, pairs_of=opt)
+        assert len(calls) == 1 + 5 + 10  # the loop: the whole capture, 5 left-out documents, 10 left-out pairs
+        for name in ("point", "jackknife", "jackknife2", "lo", "hi"):
+            np.testing.assert_allclose(batched[name], looped[name], rtol=1e-12, atol=1e-14, err_msg=name)
+        np.testing.assert_allclose(document_jackknife(world, stat, opt), looped["jackknife"], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(document_jackknife2(world, stat, opt), looped["jackknife2"], rtol=1e-12, atol=1e-14)

@@ -63,3 +63,23 @@ def test_testable_needs_both_kinds_of_pairs(rng):
     assert not gqa_testable(one_per_group)
     with pytest.raises(ValueError, match="capture more heads"):
         gqa_similarity(one_per_group)
+
+
+def test_within_minus_between_is_the_direct_mean_over_same_layer_pairs(rng):
+    """The product form of the within- and between-group sums gives the means over same-layer pairs of distinct
+    heads with a distance (NaN distances left out), for every label set at once."""
+    from qkplast.analysis.gqa import within_minus_between
+
+    m = metrics_with_profiles(rng, grouped=True)
+    dist = profile_distances(torch.as_tensor(m.ap.values))
+    dist[3, 5] = dist[5, 3] = float("nan")  # a pair without a distance
+    layer = torch.as_tensor(m.layer.values)
+    labels = torch.as_tensor(m.kv_head.values)[torch.as_tensor(within_layer_permutations(m.layer.values, 20, rng))]
+    t, within, between = within_minus_between(dist, labels, layer)
+    d, ly = dist.numpy(), m.layer.values
+    for p, lab in enumerate(labels.numpy()):
+        ok = (ly[:, None] == ly[None]) & ~np.eye(len(ly), dtype=bool) & ~np.isnan(d)
+        same = lab[:, None] == lab[None]
+        w, b = d[ok & same].mean(), d[ok & ~same].mean()
+        assert within[p] == pytest.approx(w, rel=1e-12) and between[p] == pytest.approx(b, rel=1e-12)
+        assert t[p] == pytest.approx(w - b, rel=1e-10, abs=1e-15)
