@@ -12,6 +12,8 @@ finished analysis need without running it. :mod:`~qkplast.analysis.cuts` analyse
 (a jackknife's left-out captures, reseeded baselines), batched over a leading axis.
 """
 
+from qkplast.lazy import lazy_names
+
 # pca, rotation, plasticity and listwise are both modules and their one public function: the functions stay
 # in their modules (qkplast.analysis.pca.pca, ...) so that the module names are not shadowed here
 __all__ = ["PlasticityWarning", "analyze", "decompose_drop", "pooling_table", "thesis_metrics"]
@@ -27,14 +29,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = next((module for module, names in _HOMES.items() if name in names), None)
-    if home is None:
-        raise AttributeError(f"module 'qkplast.analysis' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f"qkplast.analysis.{home}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)

@@ -8,6 +8,8 @@ into windows (:mod:`~qkplast.capture.corpus`), the attention hook (:mod:`~qkplas
 the orchestrator (:mod:`~qkplast.capture.driver`). Nothing here analyses a capture.
 """
 
+from qkplast.lazy import lazy_names
+
 __all__ = [
     "DEFAULT_MODEL", "CapturePlan", "Corpus", "CorpusError", "Document", "LoadedModel", "ModelError", "PlanError",
     "UnsupportedModelError", "capture", "count_windows", "iter_windows", "load_config", "load_model", "load_tokenizer",
@@ -29,14 +31,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = next((module for module, names in _HOMES.items() if name in names), None)
-    if home is None:
-        raise AttributeError(f"module 'qkplast.capture' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f"qkplast.capture.{home}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)

@@ -7,6 +7,7 @@ other products a chapter computes from the capture (permutation nulls, analyses 
 :mod:`~qkplast.rundir.study_file` parses a study file into run specs without submitting anything.
 """
 
+from qkplast.lazy import lazy_names
 from qkplast.rundir.study_file import STAGES, RunSpec, Study, StudyError, load_study, parse_study
 
 #: Names of the submodules that import xarray, by the submodule that defines them.
@@ -20,20 +21,6 @@ __all__ = sorted(["STAGES", "RunSpec", "Study", "StudyError", "load_study", "par
                   *(name for names in _LAZY.values() for name in names)])
 
 
-def __getattr__(name: str):
-    """The names of :mod:`~qkplast.rundir.products` and :mod:`~qkplast.rundir.derived`, imported on first use
-    (PEP 562): they import xarray, which the command line's parsers and ``qkplast study --status`` (reading study
-    files and JSON) never need."""
-    if name in _LAZY["products"]:
-        from qkplast.rundir import products
-
-        return getattr(products, name)
-    if name in _LAZY["derived"]:
-        from qkplast.rundir import derived
-
-        return getattr(derived, name)
-    raise AttributeError(f"module 'qkplast.rundir' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+#: The names above load on first use (PEP 562): their modules import xarray, which the command line's parsers and
+#: ``qkplast study --status`` (reading study files and JSON) never need.
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__)

@@ -21,6 +21,8 @@ null sets) and chapter 13's conditions (:mod:`~qkplast.stats.condition_readings`
 :mod:`~qkplast.stats.power`.
 """
 
+from qkplast.lazy import lazy_names
+
 import sys as _sys
 import types as _types
 
@@ -46,17 +48,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = next((module for module, names in _HOMES.items() if name in names), None)
-    if home is None:
-        raise AttributeError(f"module 'qkplast.stats' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f"qkplast.stats.{home}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)
 
 
 class _Package(_types.ModuleType):

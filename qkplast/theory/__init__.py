@@ -6,6 +6,8 @@ known answer, for tests and coverage checks; :mod:`~qkplast.theory.rope` reads a
 embedding (section 2.3).
 """
 
+from qkplast.lazy import lazy_names
+
 __all__ = ["check_lemma_a1", "check_lemma_a2", "check_population_rate", "check_theorem_4_4", "model_rotary",
            "planted_capture"]
 
@@ -19,14 +21,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = next((module for module, names in _HOMES.items() if name in names), None)
-    if home is None:
-        raise AttributeError(f"module 'qkplast.theory' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f"qkplast.theory.{home}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)

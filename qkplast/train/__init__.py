@@ -8,26 +8,16 @@ be rerun. :mod:`~qkplast.train.config` (settings, presets, study file), :mod:`~q
 :mod:`~qkplast.train.evaluate` (loss by position, attention sink, geometry of every checkpoint).
 """
 
+from qkplast.lazy import lazy_names
 from qkplast.train.config import ARMS, PRESETS, TrainConfig, TrainConfigError, TrainStudy, load_train_study, theta_bound
 
 __all__ = ["ARMS", "PRESETS", "TrainConfig", "TrainConfigError", "TrainStudy", "branch_name", "hub_cache",
            "load_train_study", "load_training", "repo_id", "snapshot", "theta_bound", "train", "training_complete"]
 
 
-def __getattr__(name: str):
-    """The names of :mod:`~qkplast.train.hub` and :mod:`~qkplast.train.run`, imported on first use (PEP 562):
-    they import the capture path (xarray, transformers), which ``qkplast train``'s parser, reading only
-    :mod:`~qkplast.train.config`, never needs."""
-    if name in ("branch_name", "hub_cache", "repo_id", "snapshot"):
-        from qkplast.train import hub
+#: Where the names not imported above live. They load on first use (PEP 562): :mod:`~qkplast.train.hub` and
+#: :mod:`~qkplast.train.run` import the capture path (xarray, transformers), which ``qkplast train``'s parser,
+#: reading only :mod:`~qkplast.train.config`, never needs.
+_HOMES = {"hub": ("branch_name", "hub_cache", "repo_id", "snapshot"), "run": ("load_training", "train", "training_complete")}
 
-        return getattr(hub, name)
-    if name in ("load_training", "train", "training_complete"):
-        from qkplast.train import run
-
-        return getattr(run, name)
-    raise AttributeError(f"module 'qkplast.train' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)
