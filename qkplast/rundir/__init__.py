@@ -2,9 +2,13 @@
 study file that names many runs; every product reused when its key matches, recomputed when its code changed.
 
 :mod:`~qkplast.rundir.products` reads and writes one run directory (:func:`load_run` is what a notebook
-calls; :func:`cached` is the one cache every product goes through); :mod:`~qkplast.rundir.derived` keeps the
-other products a chapter computes from the capture (permutation nulls, analyses with other options, bounds);
-:mod:`~qkplast.rundir.study_file` parses a study file into run specs without submitting anything.
+calls; :func:`cached` is the one cache every product goes through, keyed by its settings, the schema of its code
+and :func:`qkplast.provenance.product_provenance`); :mod:`~qkplast.rundir.derived` keeps the other products a
+chapter computes from the capture (permutation nulls, analyses with other options, bounds) through ``load_or_*``
+wrappers; the layers below this one, which cannot import it, keep the replicates inside a computation (a
+jackknife's left-out values, a reseeded null) through the ``store`` a notebook passes them,
+:func:`product_store` (:func:`cached` bound to the run directory). :mod:`~qkplast.rundir.study_file` parses a
+study file into run specs without submitting anything.
 """
 
 from qkplast.lazy import lazy_names
