@@ -6,7 +6,7 @@
 # by nbval's rules; tests/book_regression.py). The book's measured times: book/reproduce.md.
 #   bash scripts/test.sh                  every tier: pytest tests notebooks, two workers (-n 2)
 #   bash scripts/test.sh tests/unit       the fast path: the unit tier only, no notebook
-#   bash scripts/test.sh ARGS...          pytest with exactly ARGS (notebooks/NN_x.ipynb: that chapter's regression,
+#   bash scripts/test.sh ARGS...          pytest with ARGS, two workers (-n 0 in ARGS: one process) (notebooks/NN_x.ipynb: that chapter's regression,
 #                                         the run reusing every chapter already executed with the same source)
 # First it installs what the tests need: the Python environment (scripts/setup.sh) and, when missing, Debian's
 # chromium + chromium-driver (the book in a browser) and slurm-wlm + munge (the study on a SLURM cluster): as root
@@ -33,14 +33,12 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE
 # processes (notebook kernels, CLI calls, pytest's workers), and without a cache each compiles qkplast's modules
 # again, about 0.15 s of importing the CLI's modules here.
 unset PYTHONDONTWRITEBYTECODE
+if [ $# -eq 0 ]; then set -- tests notebooks; fi
+# Two pytest workers (pytest-xdist), for every tier and for ARGS too (the unit tier alone: 1100 tests, about 140 s of
+# test time): the book's run (and the tests that read it) in one while the other tests run in the other beside it;
+# tests/conftest.py groups what must share a worker. QKPLAST_TEST_WORKERS=0 runs in one process; a -n in ARGS
+# comes after these and wins.
+n="${QKPLAST_TEST_WORKERS:-2}"
 workers=()
-if [ $# -eq 0 ]; then
-  set -- tests notebooks
-  # Two pytest workers (pytest-xdist): the book's run (and the tests that read it) in one while the other tests
-  # run in the other beside it; tests/conftest.py groups what must share a worker. QKPLAST_TEST_WORKERS=0 runs in
-  # one process.
-  n="${QKPLAST_TEST_WORKERS:-2}"
-  if [ "$n" -gt 0 ]; then workers=(-n "$n" --dist loadgroup --no-loadscope-reorder); fi
-fi
-# --durations: the slowest tests are listed in every CI log, so the ~25-minute budget can be watched.
-.venv/bin/python -m pytest "$@" "${workers[@]}" --durations=30
+if [ "$n" -gt 0 ]; then workers=(-n "$n" --dist loadgroup --no-loadscope-reorder); fi
+.venv/bin/python -m pytest "${workers[@]}" "$@" --durations=30
