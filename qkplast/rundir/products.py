@@ -419,7 +419,7 @@ def open_metrics(run_dir) -> xr.Dataset:
     path = Path(run_dir) / "metrics.nc"
     if not path.exists():
         raise RunError(f"{run_dir} has no metrics.nc; analyse it first (qkplast run --out {run_dir} --stage analyze)")
-    metrics = open_dataset(path)
+    metrics = _read(path)  # once per process while the file is unchanged: a study's tables read each run's often
     schema = metrics.attrs.get("schema_version")  # written by analyze()
     if schema != SCHEMA_VERSION:
         raise RunError(f"{path} was made by an older qkplast (metrics schema {schema}, now {SCHEMA_VERSION}); "

@@ -18,7 +18,9 @@ def test_lemma_a1_passes_and_reports_diagonal_gap():
 
 @pytest.mark.parametrize("scale", [0.97, 1.03])
 def test_lemma_a1_detects_a_misspecified_variance(scale):
-    assert not theory.check_lemma_a1(n_draws=200_000, misspecify=scale).passed
+    # a 3% error in the variance at 50000 draws: the largest |z| is about 11 (measured), far past the check's 5
+    res = theory.check_lemma_a1(n_draws=50_000, misspecify=scale)
+    assert not res.passed and res.details["max_abs_z"] > 8, res
 
 
 @pytest.mark.parametrize("route", ["thesis", "sharp"])
