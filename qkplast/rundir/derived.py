@@ -57,10 +57,6 @@ def _provenance(*extra: str) -> dict:
     return product_provenance(*_CODE, *extra, device=str(resolve_device("auto")))
 
 
-def _analysis(options: AnalysisOptions | None, **overrides) -> AnalysisOptions:
-    return AnalysisOptions.from_kwargs(options, **overrides)
-
-
 # --------------------------------------------------------------------------- tables as datasets
 
 
@@ -108,7 +104,7 @@ def null_key(null: str, n_perm: int, seed: int, options: AnalysisOptions | None,
     bound.apply_defaults()
     args = {k: v for k, v in bound.arguments.items() if k not in ("capture", "options")}
     return {"schema": SCHEMA_VERSION, "product": f"{null}_null", "arguments": args,
-            "options": _analysis(options).result_key(), "provenance": _provenance()}
+            "options": AnalysisOptions.from_kwargs(options).result_key(), "provenance": _provenance()}
 
 
 def load_or_null(run_dir, capture: xr.Dataset, null: str, n_perm: int = 1000, seed: int = 0,
@@ -180,7 +176,7 @@ def load_or_plasticity(run_dir, capture: xr.Dataset, options: AnalysisOptions | 
     """
     from qkplast.analysis.plasticity import plasticity
 
-    opt = _analysis(options, **overrides)
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
     key = {"schema": SCHEMA_VERSION, "product": "plasticity", "options": opt.result_key(), "monte_carlo": monte_carlo,
            "provenance": _provenance()}
     return cached(run_dir, "plasticity", key, lambda: plasticity(capture, opt, monte_carlo=monte_carlo))
@@ -197,7 +193,7 @@ def pair_bounds(capture: xr.Dataset, metrics: xr.Dataset | None, options: Analys
     from qkplast.analysis.plasticity import pair_statistics
     from qkplast.theory.checks import aggregate_bound_for_heads
 
-    opt = _analysis(options)
+    opt = AnalysisOptions.from_kwargs(options)
     # the options' variance alone: the bound reads it, and the other full-covariance forms cost most of the work
     stats = pair_statistics(capture, options=opt, variances=({"diagonal": "v_diag", "full": "v_full",
                                                               "joint": "v_joint"}[opt.covariance],))
@@ -215,7 +211,7 @@ def load_or_pair_bounds(run_dir, capture: xr.Dataset, metrics: xr.Dataset | None
     enters this one. Returns ``(abs_delta1, bounds)``: the ``|delta_1|`` of every valid term (numpy) and the table of
     :func:`qkplast.theory.checks.aggregate_bound_for_heads`.
     """
-    key = {"schema": SCHEMA_VERSION, "product": "pair_bounds", "options": _analysis(options).result_key(),
+    key = {"schema": SCHEMA_VERSION, "product": "pair_bounds", "options": AnalysisOptions.from_kwargs(options).result_key(),
            "route": route, "metrics": None if metrics is None else metrics.attrs.get("cache_key", "given"),
            "provenance": _provenance("theory")}
     ds = cached(run_dir, "pair-bounds", key, lambda: pair_bounds(capture, metrics, options, route))
@@ -244,7 +240,7 @@ def load_or_pooling_table(run_dir, capture: xr.Dataset, names=("ap_overall", "ap
     :func:`qkplast.analysis.pooling.within_document_ap` (``RUN/within-document.nc``)."""
     from qkplast.analysis.pooling import pooling_summary, within_document_ap
 
-    opt = _analysis(options, **overrides)
+    opt = AnalysisOptions.from_kwargs(options, **overrides)
     key = {"schema": SCHEMA_VERSION, "product": "within_document_ap", "options": opt.result_key(),
            "provenance": _provenance()}
     return pooling_summary(cached(run_dir, "within-document", key, lambda: within_document_ap(capture, opt)), names)

@@ -63,10 +63,21 @@ def slot_permutations(s, pc: int, extra: tuple, gen):
     return keys.argsort(dim=2)
 
 
+def cells(s):
+    """Every (bucket with a valid pair, head) of a null's setup, in the kernels' order: the bucket, its query count,
+    the head, its centred queries ``[query, dim]`` and its valid pairs' differences ``[pair, dim]``."""
+    for bb in range(s.x.shape[1]):
+        if not s.ok[bb].any():
+            continue
+        n = int(s.n[bb])
+        for hh in range(s.x.shape[0]):
+            yield bb, n, hh, s.x[hh, bb, :n], s.delta[hh, bb][s.ok[bb]]
+
+
 def reference_diagonal(capture, n_perm, pairs, seed, perm_chunk):
     s = nulls._Setup(capture, None, pairs, seed)
     gen = torch.Generator().manual_seed(seed)
-    h, b, m, dim = s.x.shape
+    dim = s.x.shape[-1]
     var, sig = s.model.cov, s.model.sigma2_pos
     out = []
     for p0 in range(0, n_perm, perm_chunk):
@@ -74,18 +85,12 @@ def reference_diagonal(capture, n_perm, pairs, seed, perm_chunk):
         perm = slot_permutations(s, pc, (dim,), gen)  # [perm, bucket, slot, dim]
         for k in range(pc):
             values = []
-            for bb in range(b):
-                if not s.ok[bb].any():
-                    continue
-                n = int(s.n[bb])
-                for hh in range(h):
-                    x = s.x[hh, bb, :n]  # [query, dim] the bucket's centred queries
-                    xp = torch.stack([x[perm[k, bb, :n, d], d] for d in range(dim)], -1)  # each coordinate permuted
-                    delta = s.delta[hh, bb][s.ok[bb]]  # [pair, dim]
-                    proj = xp[:, 1:] @ delta[:, 1:].T  # [query, pair] semantic score deviations
-                    v_full = (proj * proj).sum(0) / (n - 1) + delta[:, 0] ** 2 * sig[hh]
-                    v_diag = (delta * delta * var[hh, bb]).sum(-1)
-                    values.append(v_diag / v_full)
+            for bb, n, hh, x, delta in cells(s):
+                xp = torch.stack([x[perm[k, bb, :n, d], d] for d in range(dim)], -1)  # each coordinate permuted
+                proj = xp[:, 1:] @ delta[:, 1:].T  # [query, pair] semantic score deviations
+                v_full = (proj * proj).sum(0) / (n - 1) + delta[:, 0] ** 2 * sig[hh]
+                v_diag = (delta * delta * var[hh, bb]).sum(-1)
+                values.append(v_diag / v_full)
             out.append(summary(torch.cat(values), "log_q95_over_q05"))
     return torch.stack(out).numpy()
 
@@ -120,24 +125,17 @@ def reference_bucket_shuffle(capture, n_perm, pairs, seed, perm_chunk):
 def reference_independence(capture, n_perm, pairs, seed, perm_chunk):
     s = nulls._Setup(capture, None, pairs, seed, positional_fit="per_bucket")
     gen = torch.Generator().manual_seed(seed)
-    h, b, m, dim = s.x.shape
     out = []
     for p0 in range(0, n_perm, perm_chunk):
         pc = min(perm_chunk, n_perm - p0)
         perm = slot_permutations(s, pc, (), gen)  # [perm, bucket, slot]
         for k in range(pc):
             values = []
-            for bb in range(b):
-                if not s.ok[bb].any():
-                    continue
-                n = int(s.n[bb])
-                for hh in range(h):
-                    x = s.x[hh, bb, :n].clone()  # [query, dim]
-                    delta = s.delta[hh, bb][s.ok[bb]]  # [pair, dim]
-                    sem = x[:, 1:] @ delta[:, 1:].T  # [query, pair] semantic score deviations
-                    v_indep = (sem * sem).sum(0) / (n - 1) + delta[:, 0] ** 2 * (x[:, 0] ** 2).sum() / (n - 1)
-                    cross = x[perm[k, bb, :n], 0] @ sem / (n - 1)  # coordinate 1 permuted against the others
-                    values.append((v_indep + 2 * delta[:, 0] * cross) / v_indep)
+            for bb, n, hh, x, delta in cells(s):
+                sem = x[:, 1:] @ delta[:, 1:].T  # [query, pair] semantic score deviations
+                v_indep = (sem * sem).sum(0) / (n - 1) + delta[:, 0] ** 2 * (x[:, 0] ** 2).sum() / (n - 1)
+                cross = x[perm[k, bb, :n], 0] @ sem / (n - 1)  # coordinate 1 permuted against the others
+                values.append((v_indep + 2 * delta[:, 0] * cross) / v_indep)
             out.append(summary(torch.cat(values), "log_q95_over_q05"))
     return torch.stack(out).numpy()
 
