@@ -12,7 +12,8 @@ plus Monte Carlo, :func:`qkplast.analysis.plasticity.pair_kernel`, the kernel
 enough to stay in cache, delta gathered row by row, ``mu`` as one
 matrix-vector product, ``v`` as one weighted sum of squares, and the Monte
 Carlo signs from a float32 product whose rounding bound certifies each sign
-(:func:`qkplast.analysis.certified_signs.sign_sums`). Both start from the same data and pairs,
+(:func:`qkplast.analysis.certified_signs.sign_sums`); on the CPU (diagonal covariance) the block's pair terms
+come from one compiled pass over the pairs (:func:`qkplast.analysis.compiled.pair_terms`). Both start from the same data and pairs,
 and their results are compared number by number (the Monte Carlo values must
 be identical). Then ``analyze()`` is timed by
 part: the thesis's metrics (PCA, rotation, plasticity; ``open_questions=False``),

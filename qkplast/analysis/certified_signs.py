@@ -31,6 +31,7 @@ take the float64 product instead.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -81,13 +82,44 @@ def float64_sign_sums(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     return torch.sign(score, out=score).sum(-1)
 
 
-def sign_sums(rows: torch.Tensor, queries: torch.Tensor, qidx: torch.Tensor, qmask: torch.Tensor) -> torch.Tensor:
+@dataclass
+class PairRows:
+    """Pair differences ``keys[:, pi] - keys[:, pj]`` ``[head, bucket, pair, dim]`` known through their float32 copy
+    ``rows32`` and float64 squared norms ``square_sums`` ``[head, bucket, pair]``
+    (:func:`qkplast.analysis.compiled.pair_terms` writes both in its pass over the pairs): the float64 rows
+    themselves are formed only where needed, the same values as the full tensor holds."""
+
+    keys: torch.Tensor  # [head, sample, dim] float64
+    pi: torch.Tensor  # [bucket, pair]
+    pj: torch.Tensor
+    rows32: torch.Tensor  # [head, bucket, pair, dim] float32
+    square_sums: torch.Tensor  # [head, bucket, pair] float64
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.rows32.shape)
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    def select(self, h: torch.Tensor, b: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """The float64 rows ``[n, dim]`` of the given (head, bucket, pair) triples."""
+        return self.keys[h, self.pi[b, p]] - self.keys[h, self.pj[b, p]]
+
+    def full(self) -> torch.Tensor:
+        """Every float64 row ``[head, bucket, pair, dim]``."""
+        return self.keys[:, self.pi] - self.keys[:, self.pj]
+
+
+def sign_sums(rows: torch.Tensor | PairRows, queries: torch.Tensor, qidx: torch.Tensor,
+              qmask: torch.Tensor) -> torch.Tensor:
     """Sums over each bucket's queries of ``sign(r_p . q_n)``, equal to :func:`float64_sign_sums`, from a float32 product.
 
     Parameters
     ----------
-    rows : Tensor ``[head, bucket, pair, dim]``
-        float64 pair differences ``r``.
+    rows : Tensor ``[head, bucket, pair, dim]`` or PairRows
+        float64 pair differences ``r`` (or their float32 copy and norms, :class:`PairRows`).
     queries : Tensor ``[head, sample, dim]``
         float64 queries.
     qidx, qmask : Tensor ``[bucket, slot]``
@@ -101,8 +133,13 @@ def sign_sums(rows: torch.Tensor, queries: torch.Tensor, qidx: torch.Tensor, qma
     whose sign depends on the order in which a product is summed (uncertain
     scores are recomputed as products and a sum, not by the BLAS).
     """
+    known = isinstance(rows, PairRows)
+
     def in_float64():
-        return float64_sign_sums(rows, bucket_rows(queries, qidx, qmask))
+        return float64_sign_sums(rows.full() if known else rows, bucket_rows(queries, qidx, qmask))
+
+    def select(h, b, p):
+        return rows.select(h, b, p) if known else rows[h, b, p]
 
     if not float32_products_are_exact_ieee(rows.device):
         return in_float64()
@@ -112,11 +149,14 @@ def sign_sums(rows: torch.Tensor, queries: torch.Tensor, qidx: torch.Tensor, qma
     qmax = (qnorm[:, qidx] * qmask).amax(-1)  # [head, bucket]: largest norm of each bucket's queries
     q32 = scratch("sign_queries32", tuple(queries.shape), f32).copy_(queries)  # [head, sample, dim]
     c32 = bucket_rows(q32, qidx, None, "sign_cols32")  # [head, bucket, slot, dim]; padding scores are set below
-    r32 = scratch("sign_rows32", tuple(rows.shape), f32).copy_(rows)  # [head, bucket, pair, dim]
-    # ||r|| at most, from the float32 copy: |r_i| <= |r32_i| / (1 - u); a float32 sum of squares errs by gamma_d
-    # relatively, plus 2^-150 per subnormal square or partial sum
-    square_sum = einsum("...d,...d->...", r32, r32).to(torch.float64) + 2 * dim * 2.0**-149  # [head, bucket, pair]
-    rnorm = torch.sqrt(square_sum * (1 + dim * _U32 / (1 - dim * _U32))) / (1 - _U32)
+    if known:  # ||r|| from the float64 sum of squares (its rounding is inside sign_bound's factor 1.01)
+        r32, rnorm = rows.rows32, torch.sqrt(rows.square_sums)
+    else:
+        r32 = scratch("sign_rows32", tuple(rows.shape), f32).copy_(rows)  # [head, bucket, pair, dim]
+        # ||r|| at most, from the float32 copy: |r_i| <= |r32_i| / (1 - u); a float32 sum of squares errs by
+        # gamma_d relatively, plus 2^-150 per subnormal square or partial sum
+        square_sum = einsum("...d,...d->...", r32, r32).to(torch.float64) + 2 * dim * 2.0**-149  # [head, bucket, pair]
+        rnorm = torch.sqrt(square_sum * (1 + dim * _U32 / (1 - dim * _U32))) / (1 - _U32)
     scale = qmax[:, :, None] * rnorm  # [head, bucket, pair]: ||q|| ||r|| at most
     if not bool((scale < _MAX_SCALE).all()):  # inf when the float32 squares overflow
         return in_float64()
@@ -142,10 +182,10 @@ def sign_sums(rows: torch.Tensor, queries: torch.Tensor, qidx: torch.Tensor, qma
         h, b, p = unsure.nonzero(as_tuple=True)
         # a difference of exact zeros (a padding pair, i = j) scores exactly 0 in float32 and float64 alike: its
         # signs are already right, and recomputing them (every query of the bucket) was most of this branch's work
-        moving = rows[h, b, p].ne(0).any(-1)
+        moving = select(h, b, p).ne(0).any(-1)
         h, b, p = h[moving], b[moving], p[moving]
         row, slot = (size[h, b, p] <= bound[h, b, p][:, None]).nonzero(as_tuple=True)  # padding is +inf: never
         h, b, p = h[row], b[row], p[row]
-        exact = (rows[h, b, p] * queries[h, qidx[b, slot]]).sum(-1)  # [n_scores]
+        exact = (select(h, b, p) * queries[h, qidx[b, slot]]).sum(-1)  # [n_scores]
         sums.index_put_((h, b, p), torch.sign(exact) - signs[h, b, p, slot].to(sums.dtype), accumulate=True)
     return sums

@@ -100,7 +100,8 @@ class Counterfactuals:
     weight: torch.Tensor
 
     def __call__(self, delta: torch.Tensor, sl: slice) -> torch.Tensor:
-        """Weighted mean plasticity per bucket ``[head, bucket, 3]`` of the three variants for a block of heads.
+        """The three variants' means and variances ``[head, bucket, pair, 6]`` (``mu10, var10, mu01, var01, mu00,
+        var00``) for a block of heads; :meth:`from_terms` turns them, for the whole chunk at once, into plasticity.
 
         ``delta`` ``[head, bucket, pair, dim]`` holds the block's key differences (rows ``sl`` of the chunk).
         """
@@ -122,9 +123,23 @@ class Counterfactuals:
             var10 = weighted_square_sums(delta, cov_a)  # [head, bucket, pair], no temporary of delta's size
             square = nodrift.mul_(nodrift)  # nodrift is not needed after this
             var01, var00 = (matmul(square, c[..., None])[..., 0] for c in (cov_b, cov_a))  # [head, bucket, pair]
-        pp = torch.stack([pairwise_plasticity(mu10, var10), pairwise_plasticity(mu01, var01),
-                          pairwise_plasticity(mu00, var00)], -1)  # [head, bucket, pair, 3]
-        return weighted_pair_mean(pp.movedim(-1, 0), self.weight).movedim(0, -1)  # [head, bucket, 3]
+        return torch.stack([mu10, var10, mu01, var01, mu00, var00], -1)
+
+    def pair_inputs(self, sl: slice) -> tuple[torch.Tensor, ...]:
+        """What :func:`qkplast.analysis.compiled.pair_terms` needs to give a block's terms (diagonal covariance):
+        ``means`` and ``weights`` ``[head, bucket, 1, dim]`` of ``delta`` (the variant (1,0)), the key drift
+        ``[head, dim]``, and ``drift_means``, ``drift_weights`` ``[head, bucket, 2, dim]`` of the keys without
+        it (the variants (0,1) and (0,0)); rows ``sl`` of the chunk."""
+        mean, cov_b = self.mean[:, sl], self.cov_bucket[sl]  # [variant, head, bucket, dim], [head, bucket, dim]
+        cov_a = self.cov_average[sl][:, None].expand_as(cov_b)  # [head, bucket, dim]
+        return (mean[0][:, :, None], cov_a[:, :, None], self.key_drift[sl], torch.stack([mean[1], mean[2]], 2),
+                torch.stack([cov_b, cov_a], 2))
+
+    def from_terms(self, terms: torch.Tensor) -> torch.Tensor:
+        """The variants' weighted mean plasticity per bucket ``[head, bucket, 3]`` from their means and variances
+        ``[head, bucket, pair, 6]`` (as :meth:`__call__` returns them; eqs. 4.11-4.14), in one pass over a chunk."""
+        mu, var = terms[..., 0::2].movedim(-1, 0), terms[..., 1::2].movedim(-1, 0)  # [variant, head, bucket, pair]
+        return weighted_pair_mean(pairwise_plasticity(mu, var), self.weight).movedim(0, -1)  # [head, bucket, 3]
 
 
 def counterfactuals(model: QueryModel, key_slope: torch.Tensor, lay, usable: torch.Tensor) -> Counterfactuals:

@@ -49,6 +49,7 @@ from qkplast.analysis.pairs import PlasticityWarning, pair_plan
 from qkplast.analysis.plasticity import (QueryModel, Rotated, bytes_per_head, pair_kernel, rotated_clouds,
                                          weighted_pair_mean)
 from qkplast.analysis.certified_signs import float32_products_are_exact_ieee, sign_bound
+from qkplast.analysis.compiled import set_tops, set_winner_counts, win_count_gini
 from qkplast.analysis.vectors import analysis_vectors
 from qkplast.options import AnalysisOptions
 
@@ -321,33 +322,58 @@ def certified_winner_plasticity(scores32: torch.Tensor, bound: torch.Tensor, idx
     n_col = scores32.shape[1]
     sizes = (n_col // n_head,) if rows is None else tuple(rows)
     flags = (unbiased,) if rows is None else tuple(unbiased)
-    g = set_scores(scores32, idx, smask).view(n_set, n_slot, n_col)  # [set, slot, head * row]
-    # the keys within 2 bound of the top score: one key means a certain winner, which is then that key (a
-    # reduction over the slots as a product, faster here than max with indices over a middle axis)
-    # the comparison writes float32 itself: converting a bool result afterwards is one more pass over the scores
-    close = torch.ge(g, close_threshold(g.amax(1), bound)[:, None],
-                     out=scratch("listwise_close", g.shape, g))  # [set, slot, head * row]
-    # one product gives both the number of close keys and, where it is one, the winner's slot
-    count_arg = torch.matmul(slot_weights(n_slot, g.device), close)  # [set, 2, head * row]
-    sure = count_arg[:, 0] == 1  # [set, head * row]
-    arg = count_arg[:, 1].round_().long().masked_fill_(~sure, 0)  # an uncertain row is counted below instead
-    group = column_groups(n_head, sizes, g.device)  # [head * row]: head * n_source + source
-    n_group = n_head * len(sizes)
-    counts = torch.zeros(n_set, n_slot, n_group, dtype=torch.float64, device=g.device)
-    counts.view(n_set, -1).scatter_add_(1, arg * n_group + group, sure.to(torch.float64))
-    if not bool(sure.all()):
-        ss, col = (~sure).nonzero(as_tuple=True)  # the uncertain (set, column) cells
+    group = column_groups(n_head, sizes, scores32.device)  # [head * row]: head * n_source + source
+    counts, unsure, threshold = certain_wins(scores32, bound, idx, smask, group, n_head * len(sizes))
+    if bool(unsure.any()):
+        ss, col = unsure.nonzero(as_tuple=True)  # the uncertain (set, column) cells
         # only the close keys can win: any other scores below the float32 top key's exact score (float32 score
         # below top - 2 bound, so exact below top - bound), so only they are scored again in float64
-        u, slot = (close[ss, :, col].bool() & smask[ss]).nonzero(as_tuple=True)  # [n_close]
-        e = torch.full((ss.numel(), n_slot), -torch.inf, dtype=torch.float64, device=g.device)  # [n_unsure, slot]
+        close = (scores32[idx[ss], col[:, None]] >= threshold[ss, col][:, None]) & smask[ss]  # [n_unsure, slot]
+        u, slot = close.nonzero(as_tuple=True)  # [n_close]
+        e = torch.full((ss.numel(), n_slot), -torch.inf, dtype=torch.float64, device=scores32.device)  # [n_unsure, slot]
         e[u, slot] = exact(col[u] // sum(sizes), col[u] % sum(sizes), idx[ss[u], slot][:, None])[:, 0]
         tie = (e == e.amax(-1, keepdim=True)).to(torch.float64)
-        counts.index_put_((ss[:, None].expand_as(tie), torch.arange(n_slot, device=g.device)[None].expand_as(tie),
+        counts.index_put_((ss[:, None].expand_as(tie), torch.arange(n_slot, device=e.device)[None].expand_as(tie),
                            group[col][:, None].expand_as(tie)),
                           tie / tie.sum(-1, keepdim=True), accumulate=True)
     ap = gini_plasticity(counts.view(n_set, n_slot, n_head, len(sizes)), sizes, flags, smask)  # [source, head, set]
     return ap[0] if rows is None else ap
+
+
+def certain_wins(scores32: torch.Tensor, bound: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor,
+                 group: torch.Tensor, n_group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The wins that float32 scores certify: counts ``[set, slot, group]`` (float64), the uncertain cells
+    ``[set, column]`` and the close threshold ``[set, column]`` of :func:`certified_winner_plasticity`.
+
+    A cell ``(set, column)`` whose set has one close key (float32 score at least :func:`close_threshold` of the
+    set's top score) has that key as its certain winner, counted once in the column's ``group``. On the CPU
+    the compiled kernels of :mod:`qkplast.analysis.compiled` read each set's rows where they lie (no gathered
+    copy, no comparison written out); elsewhere :func:`certain_wins_torch`. The two give the same tensors.
+    """
+    if scores32.device.type != "cpu":
+        return certain_wins_torch(scores32, bound, idx, smask, group, n_group)
+    threshold = close_threshold(set_tops(scores32, idx, smask), bound)  # [set, column]
+    counts, unsure = set_winner_counts(scores32, idx, smask, threshold, group, n_group)
+    return counts, unsure, threshold
+
+
+def certain_wins_torch(scores32: torch.Tensor, bound: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor,
+                       group: torch.Tensor, n_group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`certain_wins` in torch operations (any device): the sets' rows gathered, their top, the close keys
+    written out as float32 and counted by one product."""
+    n_set, n_slot = idx.shape
+    g = set_scores(scores32, idx, smask).view(n_set, n_slot, -1)  # [set, slot, column]
+    threshold = close_threshold(g.amax(1), bound)  # [set, column]
+    # the comparison writes float32 itself: converting a bool result afterwards is one more pass over the scores
+    close = torch.ge(g, threshold[:, None], out=scratch("listwise_close", g.shape, g))  # [set, slot, column]
+    # one product gives both the number of close keys and, where it is one, the winner's slot (a reduction
+    # over the slots as a product, faster than max with indices over a middle axis)
+    count_arg = torch.matmul(slot_weights(n_slot, g.device), close)  # [set, 2, column]
+    sure = count_arg[:, 0] == 1  # [set, column]
+    arg = count_arg[:, 1].round_().long().masked_fill_(~sure, 0)  # an uncertain cell is counted by the caller
+    counts = torch.zeros(n_set, n_slot, n_group, dtype=torch.float64, device=g.device)
+    counts.view(n_set, -1).scatter_add_(1, arg * n_group + group, sure.to(torch.float64))
+    return counts, ~sure, threshold
 
 
 def gini_plasticity(counts: torch.Tensor, n: tuple[int, ...], unbiased: tuple[bool, ...],
@@ -357,9 +383,19 @@ def gini_plasticity(counts: torch.Tensor, n: tuple[int, ...], unbiased: tuple[bo
     n_rows = torch.tensor(n, dtype=torch.float64, device=counts.device)  # [source]
     num, den = (torch.tensor([(r, max(r - 1, 1)) if flag else (1, 1) for r, flag in zip(n, unbiased)],
                              dtype=torch.float64, device=counts.device).T)  # [source] each
+    m = smask.sum(-1).to(torch.float64)  # [set]
+    if counts.device.type == "cpu":  # the same operations in one compiled loop (a dozen small tensors here)
+        return win_count_gini(counts, n_rows, num, den, m).transpose(1, 2)
+    return gini_plasticity_torch(counts, n_rows, num, den, m)
+
+
+def gini_plasticity_torch(counts: torch.Tensor, n_rows: torch.Tensor, num: torch.Tensor, den: torch.Tensor,
+                          m: torch.Tensor) -> torch.Tensor:
+    """:func:`gini_plasticity` in torch operations (any device), from the rows per source ``n_rows``, the unbiased
+    factor ``num / den`` ``[source]`` and the keys per set ``m`` ``[set]``."""
     p = counts / n_rows  # [set, slot, head, source]
     gini = (1 - (p * p).sum(1)) * num / den  # [set, head, source]
-    m = smask.sum(-1).to(torch.float64)[:, None, None]  # [set, 1, 1]
+    m = m[:, None, None]  # [set, 1, 1]
     ap = gini / (1 - 1 / m.clamp_min(2))  # [set, head, source]
     ap = torch.where((m < 2) | (n_rows < 2), torch.full_like(ap, float("nan")), ap)
     # sources first, then sets last as a view of a sets-first array: the layout (and so the order of the
@@ -478,7 +514,8 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
     scale = 1 / math.sqrt(dim)
     # the keys' float32 copies and float64 norms, once per chunk: a key is eligible in many buckets, and each
     # bucket gathers its rows of them
-    k32_all, k_norm_all = kr.to(torch.float32), torch.linalg.vector_norm(kr, dim=-1)  # [head, sample(, dim)]
+    k32_all = scratch("listwise_keys32", tuple(kr.shape), kr, torch.float32).copy_(kr)  # [head, sample, dim]
+    k_norm_all = torch.linalg.vector_norm(kr, dim=-1)  # [head, sample]
     for b, bs in enumerate(sets.buckets):  # buckets only; heads, queries, keys and sets are vectorised
         if bs is None:
             continue
@@ -554,7 +591,8 @@ def softmax_mass(scores: torch.Tensor, scale: float, key_group: torch.Tensor, qu
         tops = torch.full((n_group + 1, h, n_q), -torch.inf, dtype=scores.dtype, device=scores.device)
         tops.scatter_reduce_(0, kg[:, None, None].expand_as(scores), scores, "amax")  # [group + 1, head, query]
         top = tops.gather(0, query_group[None, None, :].expand(1, h, n_q))[0]  # [head, query]
-    e = torch.sub(scores, top).mul_(scale)  # [key, head, query]
+    # into a per-thread buffer: a fresh tensor of the scores' size costs more in page faults than the subtraction
+    e = torch.sub(scores, top, out=scratch("softmax_weights", tuple(scores.shape), scores)).mul_(scale)  # [key, head, query]
     e = e.exp_() if whole else e.clamp_max_(0).exp_()
     w = torch.cat([key_group, key_group & nearest[None]]).to(scores.dtype)  # [2 * group, key]
     sums = (w @ e.view(n_key, h * n_q)).view(2, n_group, h, n_q).to(torch.float64)  # totals, nearest sums

@@ -45,7 +45,8 @@ from qkplast.analysis.linalg import householder_apply, householder_vector
 from qkplast.analysis.moments import CloudMoments, cloud_moments
 from qkplast.options import AnalysisOptions
 from qkplast.analysis.vectors import analysis_vectors
-from qkplast.analysis.certified_signs import bucket_rows, float64_sign_sums, sign_sums
+from qkplast.analysis.certified_signs import PairRows, bucket_rows, float64_sign_sums, sign_sums
+from qkplast.analysis.compiled import pair_terms
 from qkplast.analysis.moments import slope
 from qkplast.analysis.pairs import PairPlan, PlasticityWarning, pair_plan
 
@@ -302,10 +303,12 @@ def pair_kernel(qr: torch.Tensor, kr: torch.Tensor, pi: torch.Tensor, pj: torch.
     ----------
     monte_carlo : bool
         Compute the Monte Carlo values (else that output is None).
-    block_hook : callable, optional
-        ``block_hook(delta, sl)`` is called on each block's differences (rows ``sl`` of the chunk) and its
-        results, concatenated over blocks, are returned third: how the AP_drop decomposition
-        (:mod:`qkplast.analysis.decompose`) reuses the differences instead of forming them again.
+    block_hook : optional
+        How the AP_drop decomposition (:mod:`qkplast.analysis.decompose`) reuses the key differences instead of
+        forming them again: ``block_hook(delta, sl)`` gives each block's terms ``[head, bucket, pair, n]`` from its
+        differences (rows ``sl`` of the chunk); on the CPU with a diagonal covariance the compiled pass computes
+        the same terms from ``block_hook.pair_inputs(sl)`` and ``block_hook.dt`` instead. The terms, concatenated
+        over blocks, go through ``block_hook.from_terms`` once and are returned third.
 
     Returns
     -------
@@ -318,7 +321,7 @@ def pair_kernel(qr: torch.Tensor, kr: torch.Tensor, pi: torch.Tensor, pj: torch.
     pp_mc = _from_sign_sums(torch.cat(signs), qmask, unbiased) if monte_carlo else None
     if block_hook is None:
         return pairwise_plasticity(mu, var), pp_mc
-    return pairwise_plasticity(mu, var), pp_mc, torch.cat(hooked)
+    return pairwise_plasticity(mu, var), pp_mc, block_hook.from_terms(torch.cat(hooked))
 
 
 #: bytes of one block's pair differences in :func:`pair_kernel` on the CPU: small enough that the passes over them
@@ -335,6 +338,8 @@ def pair_block_heads(n_pairs: int, dim: int, device: torch.device) -> int:
 def _pair_block(qr, kr, pi, pj, mean, cov, full, qidx, qmask, monte_carlo, hook, sl):
     """``(mu, v)``, the Monte Carlo sign sums and the hook's result ``[head, bucket, pair]`` of a block of heads
     (:func:`pair_kernel`)."""
+    if kr.device.type == "cpu" and not full:
+        return _compiled_pair_block(qr, kr, pi, pj, mean, cov, qidx, qmask, monte_carlo, hook, sl)
     delta = pair_differences(kr, pi, pj)  # [head, bucket, pair, dim]
     mu = matmul(delta, mean[..., None])[..., 0]  # [head, bucket, pair], eq. 4.11
     if full:
@@ -344,6 +349,26 @@ def _pair_block(qr, kr, pi, pj, mean, cov, full, qidx, qmask, monte_carlo, hook,
     signs = sign_sums(delta, qr, qidx, qmask) if monte_carlo else None
     hooked = hook(delta, sl) if hook is not None else None
     return (mu, var), signs, hooked
+
+
+def _compiled_pair_block(qr, kr, pi, pj, mean, cov, qidx, qmask, monte_carlo, hook, sl):
+    """:func:`_pair_block` with a diagonal covariance on the CPU: every pair-level term from one compiled pass over
+    the pairs (:func:`qkplast.analysis.compiled.pair_terms`), which never stores the float64 differences; the hook's
+    variants ride along (``hook.pair_inputs``, ``hook.from_terms``)."""
+    means, weights = mean[:, :, None], cov[:, :, None]  # [head, bucket, 1, dim]
+    drift = drift_means = drift_weights = dt = None
+    if hook is not None:
+        hook_means, hook_weights, drift, drift_means, drift_weights = hook.pair_inputs(sl)
+        means, weights, dt = torch.cat([means, hook_means], 2), torch.cat([weights, hook_weights], 2), hook.dt
+    mu, var, drift_mu, drift_var, rows32, square_sums = pair_terms(kr, pi, pj, means, weights, dt, drift,
+                                                                   drift_means, drift_weights)
+    rows = PairRows(kr, pi, pj, rows32, square_sums)
+    signs = sign_sums(rows, qr, qidx, qmask) if monte_carlo else None
+    hooked = None
+    if hook is not None:  # the order of the hook's own terms: mu10, var10, mu01, var01, mu00, var00
+        hooked = torch.stack([mu[..., 1], var[..., 1], drift_mu[..., 0], drift_var[..., 0], drift_mu[..., 1],
+                              drift_var[..., 1]], -1)  # [head, bucket, pair, 6]
+    return (mu[..., 0], var[..., 0]), signs, hooked
 
 
 def closed_form(q, k, t, onehot, tau, pi, pj, options: AnalysisOptions):
