@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qkplast.analysis.compiled import real_slot_signs
 from qkplast.tensors import einsum, matmul, scratch
 
 _U32, _U64 = 2.0**-24, 2.0**-53
@@ -162,16 +163,7 @@ def sign_sums(rows: torch.Tensor | PairRows, queries: torch.Tensor, qidx: torch.
         return in_float64()
     score = matmul(r32, c32.transpose(-1, -2),
                    out=scratch("sign_scores32", (*rows.shape[:-1], qidx.shape[1]), f32))  # [head, bucket, pair, slot]
-    pad = ~qmask  # [bucket, slot]
-    padded = bool(pad.any())
-    if padded:  # +inf: never uncertain, and a sign of +1 that is taken off below
-        score.masked_fill_(pad[None, :, None, :], math.inf)
-    size = torch.abs(score, out=scratch("sign_abs32", tuple(score.shape), f32))  # [head, bucket, pair, slot]
-    nearest = size.amin(-1)  # [head, bucket, pair]
-    signs = torch.sign(score, out=score)
-    sums = signs.sum(-1).to(torch.float64)  # [head, bucket, pair]; float32 sums of +-1 are exact
-    if padded:
-        sums -= pad.sum(1).to(sums.dtype)[None, :, None]
+    nearest, sums = score_signs(score, qmask)  # [head, bucket, pair] each
     bound = sign_bound(dim) * scale + dim * torch.finfo(torch.float32).tiny  # [head, bucket, pair]
     unsure = nearest <= bound
     n_unsure = int(unsure.sum())
@@ -184,8 +176,24 @@ def sign_sums(rows: torch.Tensor | PairRows, queries: torch.Tensor, qidx: torch.
         # signs are already right, and recomputing them (every query of the bucket) was most of this branch's work
         moving = select(h, b, p).ne(0).any(-1)
         h, b, p = h[moving], b[moving], p[moving]
-        row, slot = (size[h, b, p] <= bound[h, b, p][:, None]).nonzero(as_tuple=True)  # padding is +inf: never
+        close = (score[h, b, p].abs() <= bound[h, b, p][:, None]) & qmask[b]  # [n_unsure, slot]: padding never
+        row, slot = close.nonzero(as_tuple=True)
         h, b, p = h[row], b[row], p[row]
         exact = (select(h, b, p) * queries[h, qidx[b, slot]]).sum(-1)  # [n_scores]
-        sums.index_put_((h, b, p), torch.sign(exact) - signs[h, b, p, slot].to(sums.dtype), accumulate=True)
+        sums.index_put_((h, b, p), torch.sign(exact) - torch.sign(score[h, b, p, slot]).to(sums.dtype),
+                        accumulate=True)
     return sums
+
+
+def score_signs(score: torch.Tensor, qmask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest ``|score|`` (float32) and the sum of signs (float64) over each row's real slots
+    ``[head, bucket, pair]``, from float32 scores ``[head, bucket, pair, slot]`` and the real slots ``qmask``
+    ``[bucket, slot]``; ``score`` is left as it is. On the CPU one compiled pass
+    (:func:`qkplast.analysis.compiled.real_slot_signs`), elsewhere torch operations; the same values (a minimum and
+    a sum of small whole numbers are exact)."""
+    if score.device.type == "cpu":
+        return real_slot_signs(score, qmask)
+    pad = ~qmask[None, :, None, :]  # [1, bucket, 1, slot]
+    nearest = torch.abs(score).masked_fill_(pad, math.inf).amin(-1)  # padding is never the nearest
+    sums = torch.sign(score).masked_fill_(pad, 0).sum(-1).to(torch.float64)  # float32 sums of +-1 are exact
+    return nearest, sums

@@ -116,3 +116,14 @@ def win_count_gini(counts: torch.Tensor, n_rows: torch.Tensor, num: torch.Tensor
     out = np.empty((counts.shape[3], counts.shape[0], counts.shape[2]), dtype=np.float64)
     kernels().gini_kernel(*(x.contiguous().numpy() for x in (counts, n_rows, num, den, m)), out)
     return torch.from_numpy(out)
+
+
+def real_slot_signs(score: torch.Tensor, qmask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest ``|score|`` ``[head, bucket, pair]`` (float32; ``inf`` without a real slot) and the sum of the
+    signs (float64) over the real slots ``qmask`` ``[bucket, slot]`` of float32 scores ``[head, bucket, pair,
+    slot]``: one read of the scores where torch makes five passes (the Monte Carlo signs of
+    :func:`qkplast.analysis.certified_signs.sign_sums`)."""
+    nearest = np.empty(score.shape[:-1], dtype=np.float32)
+    sums = np.empty(score.shape[:-1], dtype=np.float64)
+    kernels().real_slot_signs_kernel(score.contiguous().numpy(), qmask.contiguous().numpy(), nearest, sums)
+    return torch.from_numpy(nearest), torch.from_numpy(sums)

@@ -112,3 +112,23 @@ def gini_kernel(counts, n_rows, num, den, m, out):  # pragma: no cover (compiled
                     acc += p * p
                 value = (1 - acc) * num[src] / den[src] / scale
                 out[src, s, h] = np.nan if m[s] < 2 or n_rows[src] < 2 else value
+
+
+@numba.njit(nogil=True, cache=True)
+def real_slot_signs_kernel(score, real, nearest, sums):  # pragma: no cover (compiled)
+    """``nearest[h, b, p]`` = min ``|score|`` and ``sums[h, b, p]`` = sum of signs over the slots with ``real[b]``
+    (:func:`qkplast.analysis.compiled.real_slot_signs`)."""
+    n_head, n_bucket, n_pair, n_slot = score.shape
+    for h in range(n_head):
+        for b in range(n_bucket):
+            for p in range(n_pair):
+                row = score[h, b, p]
+                low = np.float32(np.inf)
+                total = 0
+                for slot in range(n_slot):
+                    if real[b, slot]:
+                        value = row[slot]
+                        low = min(low, abs(value))
+                        total += (value > 0) - (value < 0)
+                nearest[h, b, p] = low
+                sums[h, b, p] = total

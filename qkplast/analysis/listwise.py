@@ -197,6 +197,7 @@ class BucketSets:
     query_doc: torch.Tensor  # [query] document index of each query
     key_group: torch.Tensor  # [group, key] keys of each pairing group (documents; one group with pair_docs="any")
     query_group: torch.Tensor  # [query] pairing group of each query
+    prefix: bool = False  # keys are the first keys.numel() of SetPlan.key_order (a view of the sorted keys, no gather)
 
 
 @dataclass
@@ -210,6 +211,7 @@ class SetPlan:
     share: np.ndarray  # [bucket] equal-score mass on the nearest bucket
     share_doc: np.ndarray  # [bucket, doc]
     n_doc: int
+    key_order: torch.Tensor  # [sample] samples by position: every bucket's eligible keys are a prefix of it
 
 
 def set_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, warn: bool = True) -> SetPlan:
@@ -229,9 +231,14 @@ def set_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, 
     sample_bucket = capture["bucket"].values
     n_bucket = len(lay.buckets)
     share, share_doc = np.full(n_bucket, np.nan), np.full((n_bucket, n_doc), np.nan)
+    # both eligibility rules take the keys before a position (bucket = position // bucket size), so in position
+    # order a bucket's eligible keys come first: each bucket's keys are then a view of one sorted copy per chunk
+    key_order = np.argsort(capture["position"].values, kind="stable")  # [sample]
     out = []
     for b in range(n_bucket):  # buckets only
         keys = eligible_samples(capture, lay.pairs.tau, opt, b)
+        prefix = np.array_equal(np.sort(key_order[: keys.size]), keys)
+        keys = key_order[: keys.size] if prefix else keys
         qs = np.flatnonzero(sample_bucket == b)
         if keys.size == 0 or qs.size == 0 or not usable[b]:
             out.append(None)
@@ -261,11 +268,11 @@ def set_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, 
         key_group = code[keys][None, :] == groups[:, None]  # [group, key]
         out.append(BucketSets(*(torch.as_tensor(x, device=dev) for x in (qs, keys)), sets,
                               *(torch.as_tensor(x, device=dev) for x in (nearest, has, doc_of[qs], key_group,
-                                                                          query_group))))
+                                                                          query_group)), prefix))
     n_sets = np.stack([(drawn[m][1].sum(-1) >= 2).sum(-1) for m in sizes], -1) * usable[:, None]  # [bucket, size]
     gen = torch.Generator().manual_seed(opt.seed)
     z = torch.randn(opt.n_model_queries, capture.sizes["dim"], generator=gen, dtype=torch.float64).to(dev)
-    return SetPlan(sizes, n_sets.astype(np.int64), out, z, share, share_doc, n_doc)
+    return SetPlan(sizes, n_sets.astype(np.int64), out, z, share, share_doc, n_doc, torch.as_tensor(key_order, device=dev))
 
 
 @dataclass
@@ -512,16 +519,23 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
     near_pos_doc, near_act_doc = nan(n_bucket, sets.n_doc), nan(n_bucket, sets.n_doc)
     cols = [c for c, m in enumerate(sets.sizes) if m != 2]
     scale = 1 / math.sqrt(dim)
-    # the keys' float32 copies and float64 norms, once per chunk: a key is eligible in many buckets, and each
-    # bucket gathers its rows of them
+    # the keys' float32 copies, float64 norms and drift coordinates, once per chunk and in position order: a
+    # bucket's eligible keys are then the first ones (BucketSets.prefix), a view; other buckets gather theirs
     k32_all = scratch("listwise_keys32", tuple(kr.shape), kr, torch.float32).copy_(kr)  # [head, sample, dim]
-    k_norm_all = torch.linalg.vector_norm(kr, dim=-1)  # [head, sample]
+    k_norm_all, k_pos_all = torch.linalg.vector_norm(kr, dim=-1), kr[..., 0]  # [head, sample] each
+    k32_sorted = torch.index_select(k32_all, 1, sets.key_order, out=scratch("listwise_keys32_sorted", tuple(kr.shape),
+                                                                            k32_all))  # [head, sample, dim]
+    k_norm_sorted, k_pos_sorted = (torch.index_select(x, 1, sets.key_order) for x in (k_norm_all, k_pos_all))
     for b, bs in enumerate(sets.buckets):  # buckets only; heads, queries, keys and sets are vectorised
         if bs is None:
             continue
-        # the bucket's rows of the float32 copies: half the bytes of gathering the float64 rows and converting them
-        k32 = torch.index_select(k32_all, 1, bs.keys, out=scratch("listwise_keys", (h, bs.keys.numel(), dim), k32_all))
-        k_norm = torch.index_select(k_norm_all, 1, bs.keys).amax(-1, keepdim=True)  # [head, 1]
+        n_key = bs.keys.numel()
+        if bs.prefix:  # [head, key, dim], [head, key]: views
+            k32, k_norm, k_pos = k32_sorted[:, :n_key], k_norm_sorted[:, :n_key], k_pos_sorted[:, :n_key]
+        else:  # the bucket's rows of the float32 copies: half the bytes of gathering float64 rows and converting
+            k32 = torch.index_select(k32_all, 1, bs.keys, out=scratch("listwise_keys", (h, n_key, dim), k32_all))
+            k_norm, k_pos = (torch.index_select(x, 1, bs.keys) for x in (k_norm_all, k_pos_all))
+        k_norm = k_norm.amax(-1, keepdim=True)  # [head, 1]
         n_q = bs.queries.numel()
         rows64 = torch.index_select(qr, 1, bs.queries)  # [head, query, dim]: a query sits in one bucket only
         if cols:  # the model draws beside the captured queries: one product and one pass over each set size
@@ -543,7 +557,6 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
         block = torch.tensor(-torch.inf, dtype=torch.float64, device=dev)
         nearest = bs.nearest.to(torch.float64)
         # the positional term alone is the bucket's fitted mean of coordinate 1 times the key's: one softmax per group
-        k_pos = torch.index_select(kr[..., 0], 1, bs.keys)  # [head, key]: the keys' drift coordinate
         s_pos = (model.mean[:, b, 0, None] * k_pos * scale)[:, None, :]  # [head, 1, key]
         w_pos = torch.softmax(torch.where(bs.key_group[None], s_pos, block), -1)  # [head, group, key]
         mass_pos = (w_pos @ nearest)[:, bs.query_group]  # [head, query]

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from qkplast.analysis.certified_signs import PairRows, bucket_rows, float64_sign_sums, sign_sums
-from qkplast.analysis.compiled import pair_terms, set_tops, set_winner_counts, win_count_gini
+from qkplast.analysis.compiled import pair_terms, real_slot_signs, set_tops, set_winner_counts, win_count_gini
 from qkplast.analysis.listwise import (certain_wins, certain_wins_torch, close_threshold, column_groups,
                                        gini_plasticity_torch, set_scores)
 from qkplast.analysis.plasticity import bucket_members
@@ -127,3 +127,18 @@ def test_sign_sums_from_pair_rows_equal_the_float64_product(rng):
     want = float64_sign_sums(delta, bucket_rows(queries, qidx, qmask))
     assert torch.equal(sign_sums(PairRows(keys, pi, pj, rows32.clone(), sq), queries, qidx, qmask), want)
     assert torch.equal(sign_sums(delta, queries, qidx, qmask), want)
+
+
+def test_real_slot_signs_equal_torch(rng):
+    """The compiled minimum and sign sum over the real slots against torch's, zeros and padding included."""
+    score = torch.as_tensor(rng.normal(size=(2, 3, 5, 7)), dtype=torch.float32)
+    score[0, 0, 2, :3] = 0.0  # zeros: sign 0, nearest 0
+    qmask = torch.ones(3, 7, dtype=torch.bool)
+    qmask[2, 4:] = False  # padding slots: left out of both
+    qmask[1, :] = False  # a bucket without queries: nearest inf, sum 0
+    score[:, 2, :, 4:] = -1e-30  # padding holds anything
+    nearest, sums = real_slot_signs(score, qmask)
+    want_sums = torch.where(qmask[None, :, None, :], torch.sign(score), 0).sum(-1).double()
+    want_near = torch.where(qmask[None, :, None, :], score.abs(), torch.inf).amin(-1)
+    assert torch.equal(sums, want_sums) and torch.equal(nearest, want_near)
+    assert torch.isinf(nearest[:, 1]).all() and (sums[:, 1] == 0).all() and nearest[0, 0, 2] == 0
