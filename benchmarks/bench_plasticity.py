@@ -115,6 +115,17 @@ def best(fn, repeats):
     return wall, cpu, out
 
 
+def paired(floor, fn, repeats):
+    """Best (wall, CPU) seconds of ``floor`` and of ``fn``, each run ``repeats`` times in turn with the other."""
+    runs = {floor: [], fn: []}
+    for _ in range(repeats):
+        for f in (floor, fn):
+            t0, c0 = time.perf_counter(), time.process_time()
+            f()
+            runs[f].append((time.perf_counter() - t0, time.process_time() - c0))
+    return min(runs[floor]), min(runs[fn])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", type=int, default=300)
@@ -173,16 +184,19 @@ def main():
         rows.append((label, t_old, t_new, c_old, c_new, f"max relative difference {rel:.1e}{extra}"))
 
     thesis = replace(opt, open_questions=False)
-    # each floor on the chunks analyze() takes for it: the thesis's metrics alone, and with the open questions
+    # each floor on the chunks analyze() takes for it: the thesis's metrics alone, and with the open questions;
+    # each timed in turn with its analyze() (floor, analyze, floor, ...), so that a machine whose speed drifts
+    # (a shared host) weighs on both sides of a ratio alike
     per_head = bytes_per_head(lay, args.dim, opt, True, dev)
-    floor_thesis = best(lambda: dense_floor(q, k, lay, auto_chunk(per_head, dev, SCRATCH_CPU_MB)), args.repeats)[:2]
     sets = open_plan(cap, lay, opt, dev).sets
-    floor_all = best(lambda: dense_floor(q, k, lay, auto_chunk(per_head, dev, LISTWISE_CPU_MB), sets),
-                     args.repeats)[:2]
+    (floor_thesis, t_thesis), (floor_all, t_all_parts) = (
+        paired(lambda: dense_floor(q, k, lay, auto_chunk(per_head, dev, budget), extra), lambda: analyze(cap, o),
+               args.repeats)
+        for budget, extra, o in ((SCRATCH_CPU_MB, None, thesis), (LISTWISE_CPU_MB, sets, opt)))
     parts = {name: best(fn, args.repeats)[:2] for name, fn in (
         ("pca()", lambda: pca(cap, device=args.device)), ("rotation()", lambda: rotation(cap, device=args.device)),
-        ("plasticity()", lambda: plasticity(cap, opt)), ("analyze(open_questions=False)", lambda: analyze(cap, thesis)),
-        ("analyze() with open questions", lambda: analyze(cap, opt)))}
+        ("plasticity()", lambda: plasticity(cap, opt)))}
+    parts["analyze(open_questions=False)"], parts["analyze() with open questions"] = t_thesis, t_all_parts
     t_an, c_an = parts["analyze(open_questions=False)"]
     print(f"\n{'step':52s} {'old wall':>9s} {'new wall':>9s} {'old CPU':>9s} {'new CPU':>9s} {'CPU ratio':>9s}")
     for label, t_o, t_n, c_o, c_n, note in rows:

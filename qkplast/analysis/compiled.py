@@ -4,9 +4,11 @@ their size written.
 * The listwise plasticity (:mod:`qkplast.analysis.listwise`) certifies each set's winner from float32 scores:
   the top score of the set, then the keys within ``2 bound`` of it (the close keys). In torch that is a gather
   of the sets' rows, a max over the slots, a comparison written out and a product that counts the close keys:
-  four passes over a tensor of the sets' size. :func:`set_tops` and :func:`set_winner_counts` read each set's
-  rows where the product left them and write only the tops, the certain wins and the uncertain cells;
-  :func:`win_count_gini` turns the counts into the Gini index without a dozen small tensors.
+  four passes over a tensor of the sets' size. :func:`set_winner_counts` reads each set's rows where the
+  product left them (twice, while they are in cache) and writes only the thresholds, the certain wins and the
+  uncertain cells; :func:`win_count_gini` turns the counts into the Gini index without a dozen small tensors.
+* The Monte Carlo signs (:func:`qkplast.analysis.certified_signs.sign_sums`): :func:`real_slot_signs` takes
+  each row's smallest score and sum of signs over the real slots in one read.
 * The pairwise plasticity (:func:`qkplast.analysis.plasticity.pair_kernel`) needs, per key pair, the
   difference's projections on the query models' means (eq. 4.11), its weighted square sums (eq. 4.12), the same
   for the AP_drop decomposition's keys without their drift, and its float32 copy for the Monte Carlo product.
@@ -35,34 +37,28 @@ def kernels():
     return compiled_kernels
 
 
-def set_tops(scores32: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor) -> torch.Tensor:
-    """The top float32 score ``[set, column]`` of each set's used slots, from ``scores32`` ``[key, column]``.
+def set_winner_counts(scores32: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor, twice_bound: torch.Tensor,
+                      group: torch.Tensor, n_group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Win counts ``[set, slot, group]`` (float64) of the cells with one close key, the other cells ``[set, column]``
+    and the close threshold ``[set, column]`` (float32), in one pass per set over its rows.
 
-    ``idx`` ``[set, slot]`` indexes the rows of ``scores32``; ``smask`` marks the used slots. Equal to
-    ``set_scores(scores32, idx, smask).view(n_set, n_slot, -1).amax(1)`` for finite scores.
-    """
-    top = np.empty((idx.shape[0], scores32.shape[1]), dtype=np.float32)
-    kernels().set_tops_kernel(scores32.contiguous().numpy(), idx.contiguous().numpy(), smask.contiguous().numpy(), top)
-    return torch.from_numpy(top)
-
-
-def set_winner_counts(scores32: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor, threshold: torch.Tensor,
-                      group: torch.Tensor, n_group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Win counts ``[set, slot, group]`` (float64) of the cells with one close key, and the other cells ``[set, column]``.
-
-    A key is close when its float32 score is at least ``threshold`` ``[set, column]``
-    (:func:`qkplast.analysis.listwise.close_threshold` of the set's top; an unused slot scores ``-inf``, as
-    :func:`qkplast.analysis.listwise.set_scores` fills it); a cell ``(set, column)`` with exactly
-    one close key has a certain winner, counted once in the group ``group[column]`` of its column. The counts
-    are whole numbers, so they equal the torch path's scatter of the same wins.
+    ``scores32`` ``[key, column]`` are float32 scores, ``idx`` ``[set, slot]`` indexes their rows and ``smask``
+    marks the used slots. Per set: the top score of each column; the threshold
+    ``nextafter(top - twice_bound, -inf)`` in float32 (:func:`qkplast.analysis.listwise.close_threshold`, with
+    ``twice_bound`` ``[column]`` its ``2 bound`` rounded up to float32); a key is close when its score is at least
+    the threshold (an unused slot scores ``-inf``, as :func:`qkplast.analysis.listwise.set_scores` fills it). A
+    cell ``(set, column)`` with exactly one close key has a certain winner, counted once in the group
+    ``group[column]`` of its column. Every step is exact (a maximum, one float32 subtraction and step, a
+    comparison, whole counts), so the tensors equal the torch path's.
     """
     n_set, n_slot = idx.shape
     counts = np.zeros((n_set, n_slot, n_group), dtype=np.float64)
     unsure = np.zeros((n_set, scores32.shape[1]), dtype=np.bool_)
+    threshold = np.empty((n_set, scores32.shape[1]), dtype=np.float32)
     kernels().set_winner_counts_kernel(scores32.contiguous().numpy(), idx.contiguous().numpy(),
-                                       smask.contiguous().numpy(), threshold.contiguous().numpy(),
-                                       group.contiguous().numpy(), counts, unsure)
-    return torch.from_numpy(counts), torch.from_numpy(unsure)
+                                       smask.contiguous().numpy(), twice_bound.contiguous().numpy(),
+                                       group.contiguous().numpy(), counts, unsure, threshold)
+    return torch.from_numpy(counts), torch.from_numpy(unsure), torch.from_numpy(threshold)
 
 
 def pair_terms(keys: torch.Tensor, pi: torch.Tensor, pj: torch.Tensor, means: torch.Tensor, weights: torch.Tensor,

@@ -7,32 +7,33 @@ import numba
 import numpy as np
 
 
-@numba.njit(nogil=True, cache=True)
-def set_tops_kernel(scores, idx, used, top):  # pragma: no cover (compiled; tested through set_tops)
-    """``top[s, c] = max over the used slots of scores[idx[s, slot], c]`` (``-inf`` where none is used)."""
-    n_set, n_slot = idx.shape
-    n_col = scores.shape[1]
-    for s in range(n_set):
-        out = top[s]
-        out[:] = -np.inf
-        for slot in range(n_slot):
-            if used[s, slot]:
-                row = scores[idx[s, slot]]
-                for c in range(n_col):
-                    out[c] = max(out[c], row[c])
+@numba.njit(nogil=True, inline="always")
+def _top(scores, idx, used, out):  # pragma: no cover (compiled, inlined)
+    """``out[c] = max over the used slots of scores[idx[slot], c]`` (``-inf`` where none is used)."""
+    out[:] = -np.inf
+    for slot in range(idx.shape[0]):
+        if used[slot]:
+            row = scores[idx[slot]]
+            for c in range(out.shape[0]):
+                out[c] = max(out[c], row[c])
 
 
 @numba.njit(nogil=True, cache=True)
-def set_winner_counts_kernel(scores, idx, used, threshold, group, counts, unsure):  # pragma: no cover
-    """Win counts of the certain winners and the uncertain cells (:func:`qkplast.analysis.compiled.set_winner_counts`)."""
+def set_winner_counts_kernel(scores, idx, used, twice, group, counts, unsure, threshold):  # pragma: no cover
+    """Per set: tops, close threshold, win counts of the certain winners and the uncertain cells
+    (:func:`qkplast.analysis.compiled.set_winner_counts`)."""
     n_set, n_slot = idx.shape
     n_col = scores.shape[1]
     n_close = np.zeros(n_col, dtype=np.int32)
     winner = np.zeros(n_col, dtype=np.int32)
+    down = np.float32(-np.inf)
     for s in range(n_set):
-        n_close[:] = 0
         thr = threshold[s]
-        for slot in range(n_slot):
+        _top(scores, idx[s], used[s], thr)
+        for c in range(n_col):  # float32 arithmetic, as close_threshold's
+            thr[c] = np.nextafter(np.float32(thr[c] - twice[c]), down)
+        n_close[:] = 0
+        for slot in range(n_slot):  # the set's rows again, while they are in cache
             if used[s, slot]:
                 row = scores[idx[s, slot]]
                 for c in range(n_col):  # branch-free, so the loop runs in vector registers
@@ -114,21 +115,38 @@ def gini_kernel(counts, n_rows, num, den, m, out):  # pragma: no cover (compiled
                 out[src, s, h] = np.nan if m[s] < 2 or n_rows[src] < 2 else value
 
 
-@numba.njit(nogil=True, cache=True)
+#: a minimum and a sum of small whole numbers are exact in any order; the scores are finite (the caller checks
+#: that no product can overflow), so NaN and signed zeros need no care: the reductions run in vector registers
+_EXACT_REDUCTIONS = {"reassoc", "nnan", "nsz"}
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_EXACT_REDUCTIONS)
 def real_slot_signs_kernel(score, real, nearest, sums):  # pragma: no cover (compiled)
     """``nearest[h, b, p]`` = min ``|score|`` and ``sums[h, b, p]`` = sum of signs over the slots with ``real[b]``
     (:func:`qkplast.analysis.compiled.real_slot_signs`)."""
     n_head, n_bucket, n_pair, n_slot = score.shape
-    for h in range(n_head):
-        for b in range(n_bucket):
+    slots = np.empty(n_slot, dtype=np.int64)
+    for b in range(n_bucket):
+        n_real = 0
+        for slot in range(n_slot):  # the real slots of the bucket (a prefix when they come first)
+            if real[b, slot]:
+                slots[n_real] = slot
+                n_real += 1
+        prefix = n_real == 0 or slots[n_real - 1] == n_real - 1
+        for h in range(n_head):
             for p in range(n_pair):
                 row = score[h, b, p]
                 low = np.float32(np.inf)
-                total = 0
-                for slot in range(n_slot):
-                    if real[b, slot]:
+                total = np.int32(0)
+                if prefix:  # contiguous: the loop runs in vector registers
+                    for slot in range(n_real):
                         value = row[slot]
                         low = min(low, abs(value))
-                        total += (value > 0) - (value < 0)
+                        total += np.int32(value > 0) - np.int32(value < 0)
+                else:
+                    for i in range(n_real):
+                        value = row[slots[i]]
+                        low = min(low, abs(value))
+                        total += np.int32(value > 0) - np.int32(value < 0)
                 nearest[h, b, p] = low
                 sums[h, b, p] = total

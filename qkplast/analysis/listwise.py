@@ -49,7 +49,7 @@ from qkplast.analysis.pairs import PlasticityWarning, pair_plan
 from qkplast.analysis.plasticity import (QueryModel, Rotated, bytes_per_head, pair_kernel, rotated_clouds,
                                          weighted_pair_mean)
 from qkplast.analysis.certified_signs import float32_products_are_exact_ieee, sign_bound
-from qkplast.analysis.compiled import set_tops, set_winner_counts, win_count_gini
+from qkplast.analysis.compiled import set_winner_counts, win_count_gini
 from qkplast.analysis.vectors import analysis_vectors
 from qkplast.options import AnalysisOptions
 
@@ -354,14 +354,13 @@ def certain_wins(scores32: torch.Tensor, bound: torch.Tensor, idx: torch.Tensor,
 
     A cell ``(set, column)`` whose set has one close key (float32 score at least :func:`close_threshold` of the
     set's top score) has that key as its certain winner, counted once in the column's ``group``. On the CPU
-    the compiled kernels of :mod:`qkplast.analysis.compiled` read each set's rows where they lie (no gathered
-    copy, no comparison written out); elsewhere :func:`certain_wins_torch`. The two give the same tensors.
+    one compiled pass per set (:func:`qkplast.analysis.compiled.set_winner_counts`) reads the set's rows where
+    they lie, twice while they are in cache (no gathered copy, no comparison written out); elsewhere
+    :func:`certain_wins_torch`. The two give the same tensors.
     """
     if scores32.device.type != "cpu":
         return certain_wins_torch(scores32, bound, idx, smask, group, n_group)
-    threshold = close_threshold(set_tops(scores32, idx, smask), bound)  # [set, column]
-    counts, unsure = set_winner_counts(scores32, idx, smask, threshold, group, n_group)
-    return counts, unsure, threshold
+    return set_winner_counts(scores32, idx, smask, twice_bound32(bound), group, n_group)
 
 
 def certain_wins_torch(scores32: torch.Tensor, bound: torch.Tensor, idx: torch.Tensor, smask: torch.Tensor,
@@ -437,11 +436,14 @@ def close_threshold(top: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
     and those within the roundings (relative 2^-23 of ``2 bound`` and of the difference) more, which only send a
     certain winner to the float64 rescoring.
     """
-    twice = (2 * bound).to(torch.float32)  # [column]
-    twice = torch.where(twice.to(torch.float64) < 2 * bound, torch.nextafter(twice, twice.new_tensor(torch.inf)),
-                        twice)  # rounded up: at least 2 bound
-    thr = top - twice  # [set, column]
+    thr = top - twice_bound32(bound)  # [set, column]
     return torch.nextafter(thr, thr.new_tensor(-torch.inf), out=thr)
+
+
+def twice_bound32(bound: torch.Tensor) -> torch.Tensor:
+    """``2 bound`` ``[column]`` rounded up to float32 (at least ``2 bound``), as :func:`close_threshold` takes it."""
+    twice = (2 * bound).to(torch.float32)  # [column]
+    return torch.where(twice.to(torch.float64) < 2 * bound, torch.nextafter(twice, twice.new_tensor(torch.inf)), twice)
 
 
 @functools.lru_cache(maxsize=256)

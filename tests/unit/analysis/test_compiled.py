@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from qkplast.analysis.certified_signs import PairRows, bucket_rows, float64_sign_sums, sign_sums
-from qkplast.analysis.compiled import pair_terms, real_slot_signs, set_tops, set_winner_counts, win_count_gini
+from qkplast.analysis.compiled import pair_terms, real_slot_signs, set_winner_counts, win_count_gini
 from qkplast.analysis.listwise import (certain_wins, certain_wins_torch, close_threshold, column_groups,
-                                       gini_plasticity_torch, set_scores)
+                                       gini_plasticity_torch, set_scores, twice_bound32)
 from qkplast.analysis.plasticity import bucket_members
 
 
@@ -30,13 +30,6 @@ def planted_sets(rng, n_key=40):
     return idx, smask
 
 
-def test_set_tops_equal_the_gathered_maximum(rng):
-    s = planted_scores(rng)
-    idx, smask = planted_sets(rng)
-    want = set_scores(s, idx, smask).view(*idx.shape, -1).amax(1)
-    assert torch.equal(set_tops(s, idx, smask), want)
-
-
 def test_certain_wins_compiled_equal_torch_bit_for_bit(rng):
     s = planted_scores(rng)
     idx, smask = planted_sets(rng)
@@ -54,18 +47,21 @@ def test_certain_wins_compiled_equal_torch_bit_for_bit(rng):
     assert not unsure.all() and counts.sum() > 0  # and certain winners elsewhere
 
 
-def test_winner_counts_use_the_threshold_given(rng):
-    """A threshold above every score but the top leaves one close key: the top's slot wins every cell."""
+def test_winner_counts_use_the_bound_given(rng):
+    """A zero bound leaves one close key, the top: its slot wins every cell. An infinite one makes every used key
+    close: no cell is certain. The threshold is close_threshold's of the set's top."""
     s = torch.as_tensor(rng.normal(size=(10, 6)), dtype=torch.float32)
     idx = torch.arange(10)[None]
     smask = torch.ones_like(idx, dtype=torch.bool)
-    top = set_tops(s, idx, smask)
-    counts, unsure = set_winner_counts(s, idx, smask, top, torch.arange(6), 6)
+    counts, unsure, threshold = set_winner_counts(s, idx, smask, torch.zeros(6, dtype=torch.float32), torch.arange(6), 6)
     assert not unsure.any()
     assert torch.equal(counts[0].argmax(0), s.argmax(0)) and torch.equal(counts.sum((0, 1)), torch.ones(6, dtype=torch.float64))
-    # at -inf every used key is close: no cell is certain
-    _, unsure = set_winner_counts(s, idx, smask, torch.full_like(top, -np.inf), torch.arange(6), 6)
+    _, unsure, _ = set_winner_counts(s, idx, smask, torch.full((6,), np.inf, dtype=torch.float32), torch.arange(6), 6)
     assert unsure.all()
+    bound = torch.as_tensor(rng.uniform(1e-3, 1e-1, size=6))
+    _, _, threshold = set_winner_counts(s, idx, smask, twice_bound32(bound), torch.arange(6), 6)
+    top = set_scores(s, idx, smask).view(*idx.shape, -1).amax(1)  # [set, column]
+    assert torch.equal(threshold, close_threshold(top, bound))
 
 
 def test_win_count_gini_equals_torch(rng):
@@ -136,6 +132,7 @@ def test_real_slot_signs_equal_torch(rng):
     qmask = torch.ones(3, 7, dtype=torch.bool)
     qmask[2, 4:] = False  # padding slots: left out of both
     qmask[1, :] = False  # a bucket without queries: nearest inf, sum 0
+    qmask[0, 1] = False  # a hole: the real slots are not a prefix
     score[:, 2, :, 4:] = -1e-30  # padding holds anything
     nearest, sums = real_slot_signs(score, qmask)
     want_sums = torch.where(qmask[None, :, None, :], torch.sign(score), 0).sum(-1).double()
