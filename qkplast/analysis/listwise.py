@@ -190,14 +190,13 @@ class BucketSets:
     """What every head shares in one query bucket: its queries, its eligible keys, and indices into those keys."""
 
     queries: torch.Tensor  # [query] sample indices
-    keys: torch.Tensor  # [key] eligible sample indices
+    keys: torch.Tensor  # [key] eligible sample indices, in position order: the first ones of SetPlan.key_order
     sets: list  # per set size (not 2): (idx [set, slot] into keys, mask [set, slot])
     nearest: torch.Tensor  # [key] keys in the nearest eligible bucket
     has: torch.Tensor  # [query] the query's document has keys in the nearest bucket
     query_doc: torch.Tensor  # [query] document index of each query
     key_group: torch.Tensor  # [group, key] keys of each pairing group (documents; one group with pair_docs="any")
     query_group: torch.Tensor  # [query] pairing group of each query
-    prefix: bool = False  # keys are the first keys.numel() of SetPlan.key_order (a view of the sorted keys, no gather)
 
 
 @dataclass
@@ -237,8 +236,10 @@ def set_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, 
     out = []
     for b in range(n_bucket):  # buckets only
         keys = eligible_samples(capture, lay.pairs.tau, opt, b)
-        prefix = np.array_equal(np.sort(key_order[: keys.size]), keys)
-        keys = key_order[: keys.size] if prefix else keys
+        if not np.array_equal(np.sort(key_order[: keys.size]), keys):  # the capture format's bucket rule broken
+            raise ValueError(f"query bucket {b}: its eligible keys are not the samples before a position; a capture's "
+                             "buckets must be position // bucket_size (validate it with qkplast.validate_capture)")
+        keys = key_order[: keys.size]  # the same keys, in position order
         qs = np.flatnonzero(sample_bucket == b)
         if keys.size == 0 or qs.size == 0 or not usable[b]:
             out.append(None)
@@ -268,7 +269,7 @@ def set_plan(capture: xr.Dataset, lay, opt: AnalysisOptions, dev: torch.device, 
         key_group = code[keys][None, :] == groups[:, None]  # [group, key]
         out.append(BucketSets(*(torch.as_tensor(x, device=dev) for x in (qs, keys)), sets,
                               *(torch.as_tensor(x, device=dev) for x in (nearest, has, doc_of[qs], key_group,
-                                                                          query_group)), prefix))
+                                                                          query_group))))
     n_sets = np.stack([(drawn[m][1].sum(-1) >= 2).sum(-1) for m in sizes], -1) * usable[:, None]  # [bucket, size]
     gen = torch.Generator().manual_seed(opt.seed)
     z = torch.randn(opt.n_model_queries, capture.sizes["dim"], generator=gen, dtype=torch.float64).to(dev)
@@ -521,23 +522,19 @@ def listwise_kernel(rot: Rotated, sets: SetPlan, opt: AnalysisOptions) -> Listwi
     near_pos_doc, near_act_doc = nan(n_bucket, sets.n_doc), nan(n_bucket, sets.n_doc)
     cols = [c for c, m in enumerate(sets.sizes) if m != 2]
     scale = 1 / math.sqrt(dim)
-    # the keys' float32 copies, float64 norms and drift coordinates, once per chunk and in position order: a
-    # bucket's eligible keys are then the first ones (BucketSets.prefix), a view; other buckets gather theirs
-    k32_all = scratch("listwise_keys32", tuple(kr.shape), kr, torch.float32).copy_(kr)  # [head, sample, dim]
-    k_norm_all, k_pos_all = torch.linalg.vector_norm(kr, dim=-1), kr[..., 0]  # [head, sample] each
-    k32_sorted = torch.index_select(k32_all, 1, sets.key_order, out=scratch("listwise_keys32_sorted", tuple(kr.shape),
-                                                                            k32_all))  # [head, sample, dim]
-    k_norm_sorted, k_pos_sorted = (torch.index_select(x, 1, sets.key_order) for x in (k_norm_all, k_pos_all))
+    # the keys' float32 copies, float64 norms and drift coordinates, once per chunk and in position order
+    # (SetPlan.key_order): a bucket's eligible keys are the first ones, a view
+    k32 = scratch("listwise_keys32", tuple(kr.shape), kr, torch.float32).copy_(kr)  # [head, sample, dim]
+    k32_sorted = torch.index_select(k32, 1, sets.key_order, out=scratch("listwise_keys32_sorted", tuple(kr.shape),
+                                                                        k32))  # [head, sample, dim]
+    k_norm_sorted, k_pos_sorted = (torch.index_select(x, 1, sets.key_order)  # [head, sample] each
+                                   for x in (torch.linalg.vector_norm(kr, dim=-1), kr[..., 0]))
     for b, bs in enumerate(sets.buckets):  # buckets only; heads, queries, keys and sets are vectorised
         if bs is None:
             continue
         n_key = bs.keys.numel()
-        if bs.prefix:  # [head, key, dim], [head, key]: views
-            k32, k_norm, k_pos = k32_sorted[:, :n_key], k_norm_sorted[:, :n_key], k_pos_sorted[:, :n_key]
-        else:  # the bucket's rows of the float32 copies: half the bytes of gathering float64 rows and converting
-            k32 = torch.index_select(k32_all, 1, bs.keys, out=scratch("listwise_keys", (h, n_key, dim), k32_all))
-            k_norm, k_pos = (torch.index_select(x, 1, bs.keys) for x in (k_norm_all, k_pos_all))
-        k_norm = k_norm.amax(-1, keepdim=True)  # [head, 1]
+        k32, k_pos = k32_sorted[:, :n_key], k_pos_sorted[:, :n_key]  # [head, key, dim], [head, key]: views
+        k_norm = k_norm_sorted[:, :n_key].amax(-1, keepdim=True)  # [head, 1]
         n_q = bs.queries.numel()
         rows64 = torch.index_select(qr, 1, bs.queries)  # [head, query, dim]: a query sits in one bucket only
         if cols:  # the model draws beside the captured queries: one product and one pass over each set size
